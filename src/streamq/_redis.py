@@ -1,0 +1,144 @@
+"""Running script calls against Redis, sync and async, with one shared plan.
+
+A :class:`Call` is a script, its keys and args, and a parser for its reply. Producers and the
+worker build calls with the wrappers in :mod:`streamq.ops`, then run a batch of them in one
+pipelined round trip here. When Redis answers ``NOSCRIPT`` (a restart or ``SCRIPT FLUSH``), the
+scripts are loaded again and only the calls that did not run are sent again: a call that ran
+is never repeated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from streamq.errors import RedisOutOfMemory, RedisUnavailable, StreamqError
+from streamq.scripts import Script
+
+__all__ = [
+    "AsyncClient",
+    "Call",
+    "SyncClient",
+    "map_error",
+    "run_calls",
+    "run_calls_sync",
+]
+
+AsyncClient: TypeAlias = "aioredis.Redis | aioredis.RedisCluster"
+SyncClient: TypeAlias = "redis.Redis | redis.RedisCluster"
+Arg: TypeAlias = str | bytes | int | float
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One script invocation: the script, its KEYS and ARGV, and how to read its reply."""
+
+    script: Script
+    keys: Sequence[str]
+    args: Sequence[Arg]
+    parse: Callable[[Any], Any] = lambda reply: reply
+
+
+def map_error(exc: BaseException, *, queue: str | None = None) -> StreamqError | None:
+    """The streamq error for a redis-py exception, or None when it is not one we translate."""
+    where = f" (queue {queue!r})" if queue else ""
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError | ConnectionError | OSError):
+        return RedisUnavailable(f"Redis is unreachable{where}: {exc}", queue=queue)
+    if isinstance(exc, ResponseError) and str(exc).startswith("OOM"):
+        return RedisOutOfMemory(
+            f"Redis refused the write: it is at maxmemory{where}: {exc}", queue=queue
+        )
+    return None
+
+
+def _raise_mapped(exc: BaseException, queue: str | None) -> None:
+    mapped = map_error(exc, queue=queue)
+    if mapped is not None:
+        raise mapped from exc
+    raise exc
+
+
+def _is_noscript(reply: object) -> bool:
+    return isinstance(reply, NoScriptError) or (
+        isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT")
+    )
+
+
+class _Batch:
+    """The state of one batch across NOSCRIPT reloads: which calls still have to run."""
+
+    def __init__(self, calls: Sequence[Call], queue: str | None) -> None:
+        self.calls = calls
+        self.queue = queue
+        self.replies: list[Any] = [None] * len(calls)
+        self.todo = list(range(len(calls)))
+
+    def queue_on(self, pipe: Any) -> None:
+        for i in self.todo:
+            c = self.calls[i]
+            pipe.evalsha(c.script.sha, len(c.keys), *c.keys, *c.args)
+
+    def absorb(self, out: Sequence[Any]) -> set[Script]:
+        """Record replies; return the scripts to load before the missing calls run again."""
+        missing = [i for i, r in zip(self.todo, out, strict=True) if _is_noscript(r)]
+        for i, r in zip(self.todo, out, strict=True):
+            self.replies[i] = r
+        self.todo = missing
+        return {self.calls[i].script for i in missing}
+
+    def result(self) -> list[Any]:
+        for r in self.replies:
+            if isinstance(r, BaseException):
+                _raise_mapped(r, self.queue)
+        return [c.parse(r) for c, r in zip(self.calls, self.replies, strict=True)]
+
+
+_ATTEMPTS = 3
+
+
+async def run_calls(
+    client: Any, calls: Sequence[Call], *, queue: str | None = None
+) -> list[Any]:
+    """Run ``calls`` in one pipelined round trip (async); replies parsed, in order.
+
+    Raises the first error any call returned, mapped to streamq's errors.
+    """
+    batch = _Batch(calls, queue)
+    try:
+        for _ in range(_ATTEMPTS):
+            if not batch.todo:
+                break
+            async with client.pipeline(transaction=False) as pipe:
+                batch.queue_on(pipe)
+                out = await pipe.execute(raise_on_error=False)
+            for s in batch.absorb(out):
+                await client.script_load(s.source)
+    except Exception as exc:
+        _raise_mapped(exc, queue)
+    return batch.result()
+
+
+def run_calls_sync(
+    client: Any, calls: Sequence[Call], *, queue: str | None = None
+) -> list[Any]:
+    """The synchronous twin of :func:`run_calls`."""
+    batch = _Batch(calls, queue)
+    try:
+        for _ in range(_ATTEMPTS):
+            if not batch.todo:
+                break
+            with client.pipeline(transaction=False) as pipe:
+                batch.queue_on(pipe)
+                out = pipe.execute(raise_on_error=False)
+            for s in batch.absorb(out):
+                client.script_load(s.source)
+    except Exception as exc:
+        _raise_mapped(exc, queue)
+    return batch.result()

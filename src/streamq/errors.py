@@ -1,0 +1,180 @@
+"""Every exception streamq raises, under one base class.
+
+The tree::
+
+    StreamqError
+    ├── ContractError                 a contract declaration is invalid (raised at import)
+    │   └── IncompatibleContract      a contract change would break running peers
+    ├── ConfigurationError            an option or setting is malformed
+    ├── PayloadError                  a payload cannot be enqueued or consumed
+    │   ├── InvalidPayload            the payload fails its job's schema
+    │   ├── UnknownJob                the job name is not declared by the queue
+    │   └── PayloadTooLarge           the encoded payload is over the size limit
+    ├── RedisUnavailable              Redis could not be reached or the connection broke
+    ├── RedisOutOfMemory              Redis refused a write under ``maxmemory`` (noeviction)
+    ├── UnsafeRedisConfig             Redis would silently drop queue keys (eviction policy)
+    ├── RegistrationError             a processor or queue registration is invalid
+    └── JobControl                    raised *by processors* to steer their job
+        ├── PermanentError            dead-letter now, no retry
+        ├── Retry                     run again after a delay without spending an attempt
+        │   └── RateLimited           the downstream is throttling; re-delay, no attempt spent
+        └── JobTimeout                the job ran past its timeout (raised by the runtime)
+
+Errors carry context attributes (``queue``, ``job``, ``job_id``, ``shard``) so that a
+message and a log line always name where the problem is.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+__all__ = [
+    "ConfigurationError",
+    "ContractError",
+    "IncompatibleContract",
+    "InvalidPayload",
+    "JobControl",
+    "JobTimeout",
+    "PayloadError",
+    "PayloadTooLarge",
+    "PermanentError",
+    "RateLimited",
+    "RedisOutOfMemory",
+    "RedisUnavailable",
+    "RegistrationError",
+    "Retry",
+    "StreamqError",
+    "UnknownJob",
+    "UnsafeRedisConfig",
+]
+
+
+class StreamqError(Exception):
+    """Base class of every error streamq raises."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        queue: str | None = None,
+        job: str | None = None,
+        job_id: str | None = None,
+        shard: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.job = job
+        self.job_id = job_id
+        self.shard = shard
+
+
+class ContractError(StreamqError):
+    """Raised when a contract declaration is invalid (duplicate or malformed names, shards < 1)."""
+
+
+class IncompatibleContract(ContractError):
+    """Raised when a contract change would break in-flight jobs or a running peer."""
+
+    def __init__(self, message: str, *, changes: list[str]) -> None:
+        super().__init__(message)
+        self.changes = changes
+
+
+class ConfigurationError(StreamqError):
+    """Raised when an option or environment setting is malformed or unknown."""
+
+
+class PayloadError(StreamqError):
+    """Raised when a payload cannot be enqueued or consumed."""
+
+
+class InvalidPayload(PayloadError):
+    """Raised when a payload fails its job's schema; ``errors`` holds pydantic's details."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        queue: str | None = None,
+        job: str | None = None,
+        job_id: str | None = None,
+        fields: list[str] | None = None,
+    ) -> None:
+        super().__init__(message, queue=queue, job=job, job_id=job_id)
+        self.fields = fields or []
+
+
+class UnknownJob(PayloadError):
+    """Raised when a job name is not declared by its queue's contract."""
+
+
+class PayloadTooLarge(PayloadError):
+    """Raised when an encoded payload is over the queue's size limit (nothing is sent)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        queue: str | None = None,
+        job: str | None = None,
+        size: int = 0,
+        limit: int = 0,
+    ) -> None:
+        super().__init__(message, queue=queue, job=job)
+        self.size = size
+        self.limit = limit
+
+
+class RedisUnavailable(StreamqError):
+    """Raised when Redis cannot be reached or the connection broke mid-call."""
+
+
+class RedisOutOfMemory(StreamqError):
+    """Raised when Redis refuses a write because it is at ``maxmemory`` (policy noeviction)."""
+
+
+class UnsafeRedisConfig(StreamqError):
+    """Raised when Redis uses an eviction policy that could silently drop queue keys."""
+
+
+class RegistrationError(StreamqError):
+    """Raised when a processor or queue registration is invalid or duplicated."""
+
+
+class JobControl(Exception):
+    """Base of the exceptions a processor raises to steer its job (not errors of streamq)."""
+
+
+class PermanentError(JobControl):
+    """Raised by a processor when retrying cannot help: the job is dead-lettered at once."""
+
+
+class Retry(JobControl):
+    """Raised by a processor to run the job again after ``delay``, without spending an attempt.
+
+    Example::
+
+        if not upstream_ready():
+            raise Retry(timedelta(seconds=30))
+    """
+
+    def __init__(self, delay: timedelta | float = 0.0, message: str = "") -> None:
+        super().__init__(message or "retry requested")
+        self.delay_ms = _to_ms(delay)
+
+
+class RateLimited(Retry):
+    """Raised by a processor when a downstream throttles it; re-delayed, no attempt spent."""
+
+    def __init__(self, delay: timedelta | float = 1.0, message: str = "") -> None:
+        super().__init__(delay, message or "rate limited")
+
+
+class JobTimeout(JobControl):
+    """Raised (by the runtime) when a job runs past its ``timeout``."""
+
+
+def _to_ms(delay: timedelta | float) -> int:
+    """Seconds (float) or a timedelta to whole milliseconds, never negative."""
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    return max(0, round(seconds * 1000))

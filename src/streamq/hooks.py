@@ -1,0 +1,161 @@
+"""The instrumentation interface: hook points with no-op defaults.
+
+The producer and the worker runtime call these hooks; Prometheus metrics
+(:mod:`streamq.metrics`) and OpenTelemetry tracing (:mod:`streamq.tracing`) are adapters
+that implement them. The core runtime never imports either library.
+
+Labels passed to hooks are bounded: lane (queue) name, shard name, job name, reason. Job ids
+and tenants are in :class:`JobInfo` for tracing and logs, never for metric labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CompositeHooks", "DeadReason", "Hooks", "JobInfo", "Outcome"]
+
+DeadReason = str
+"""Why a job was dead-lettered: ``error``, ``permanent``, ``invalid_payload``,
+``unknown_job``, ``stalled``, ``timeout`` or ``lost_payload``."""
+
+Outcome = str
+"""How an attempt ended: ``completed``, ``retried``, ``failed`` (dead), ``delayed``
+(Retry/RateLimited), ``lock_lost`` or ``released`` (shutdown)."""
+
+
+@dataclass(slots=True)
+class JobInfo:
+    """What hooks know about one job run."""
+
+    queue: str
+    shard: str
+    job_id: str
+    job_name: str
+    attempt: int
+    max_attempts: int
+    entry_id: str
+    wait_ms: float = 0.0
+    tenant: str | None = None
+    trace_context: dict[str, str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Hooks:
+    """Instrumentation hook points; every method is a no-op here. Subclass what you need."""
+
+    # -- producer --------------------------------------------------------------------------
+    def enqueue_context(
+        self, queue: str, job_name: str, job_id: str, tenant: str | None
+    ) -> AbstractContextManager[dict[str, str] | None]:
+        """Wraps one add; yields a trace-context carrier to store in the envelope, or None."""
+        return nullcontext(None)
+
+    def enqueued(self, queue: str, shard: str, job_name: str, *, delayed: bool) -> None:
+        """A job was written to Redis (not called for a dedup duplicate)."""
+
+    def enqueue_duplicate(self, queue: str, shard: str, job_name: str) -> None:
+        """An add was skipped because its job id's dedup marker exists."""
+
+    def enqueue_rejected(self, queue: str, job_name: str, reason: str) -> None:
+        """An add failed: ``too_large``, ``invalid``, ``unknown_job`` or ``redis_error``."""
+
+    # -- worker: per job -------------------------------------------------------------------
+    def process_context(self, job: JobInfo) -> AbstractContextManager[None]:
+        """Wraps one attempt (the processor call); tracing opens its CONSUMER span here."""
+        return nullcontext()
+
+    def job_started(self, job: JobInfo) -> None:
+        """An attempt is about to run; ``job.wait_ms`` is the time since it became due."""
+
+    def job_finished(
+        self,
+        job: JobInfo,
+        outcome: Outcome,
+        duration_s: float,
+        error: BaseException | None = None,
+    ) -> None:
+        """An attempt ended with ``outcome`` after ``duration_s`` of processing."""
+
+    def job_dead_lettered(self, queue: str, shard: str, job_name: str, reason: DeadReason) -> None:
+        """A job went to the dead-letter stream for ``reason``."""
+
+    # -- worker: maintenance ---------------------------------------------------------------
+    def jobs_reclaimed(self, queue: str, shard: str, count: int) -> None:
+        """``count`` stalled entries were taken over from a dead or stuck worker."""
+
+    def jobs_stalled(self, queue: str, shard: str, count: int) -> None:
+        """``count`` entries were found stalled (reclaimed or dead-lettered as stalled)."""
+
+    def lock_lost(self, queue: str, shard: str, count: int) -> None:
+        """``count`` jobs of this worker were reclaimed by another one; not acknowledged."""
+
+    def payload_lost(self, queue: str, shard: str, count: int) -> None:
+        """``count`` pending entries had no body (deleted under the group); dead-lettered."""
+
+    def promoted(self, queue: str, shard: str, count: int) -> None:
+        """``count`` delayed or retrying jobs became due and moved to the stream."""
+
+    def active_changed(self, queue: str, active: int) -> None:
+        """The number of jobs running for ``queue`` in this process changed."""
+
+    def redis_error(self, queue: str | None, error: BaseException) -> None:
+        """A Redis call of the runtime failed (it will back off and retry)."""
+
+
+class CompositeHooks(Hooks):
+    """Fans every hook out to several adapters, in order."""
+
+    def __init__(self, hooks: Sequence[Hooks]) -> None:
+        self.hooks = list(hooks)
+
+    def enqueue_context(
+        self, queue: str, job_name: str, job_id: str, tenant: str | None
+    ) -> AbstractContextManager[dict[str, str] | None]:
+        return self._enter_all(
+            [h.enqueue_context(queue, job_name, job_id, tenant) for h in self.hooks]
+        )
+
+    @staticmethod
+    @contextmanager
+    def _enter_all(
+        cms: list[AbstractContextManager[dict[str, str] | None]],
+    ) -> Iterator[dict[str, str] | None]:
+        carrier: dict[str, str] | None = None
+        with ExitStack() as stack:
+            for cm in cms:
+                got = stack.enter_context(cm)
+                if got:
+                    carrier = {**(carrier or {}), **got}
+            yield carrier
+
+    @contextmanager
+    def process_context(self, job: JobInfo) -> Iterator[None]:
+        with ExitStack() as stack:
+            for h in self.hooks:
+                stack.enter_context(h.process_context(job))
+            yield
+
+    def __getattribute__(self, name: str) -> Any:
+        # Plain notification hooks fan out generically; the two context hooks above are
+        # defined explicitly because they compose differently.
+        if name.startswith("_") or name in ("hooks", "enqueue_context", "process_context"):
+            return object.__getattribute__(self, name)
+        if name in _NOTIFY:
+            hooks = object.__getattribute__(self, "hooks")
+
+            def fan_out(*args: Any, **kwargs: Any) -> None:
+                for h in hooks:
+                    getattr(h, name)(*args, **kwargs)
+
+            return fan_out
+        return object.__getattribute__(self, name)
+
+
+_NOTIFY = frozenset(
+    n
+    for n in vars(Hooks)
+    if not n.startswith("_") and n not in ("enqueue_context", "process_context")
+)

@@ -1,0 +1,117 @@
+"""Every Redis key streamq uses, built in one pure module.
+
+Each key of one queue shard carries the hash tag ``{<queue>:<shard>}``, so every atomic script
+touches a single cluster slot and a shard can live on any Redis Cluster node. Queue-wide keys
+(meta, limiter) carry ``{<queue>}``.
+
+===========================================  ======  =================================
+key                                          type    holds
+===========================================  ======  =================================
+``<prefix>:{<queue>:<shard>}:stream``        stream  jobs ready or in flight
+``<prefix>:{<queue>:<shard>}:delayed``       zset    job id -> due time (ms)
+``<prefix>:{<queue>:<shard>}:jobs``          hash    job id -> encoded delayed/retrying job
+``<prefix>:{<queue>:<shard>}:dedup:<id>``    string  dedup marker for a caller-given id (TTL)
+``<prefix>:{<queue>:<shard>}:dead``          stream  dead letters (capped)
+``<prefix>:{<queue>}:meta``                  hash    paused flag, contract fingerprint
+``<prefix>:{<queue>}:limiter``               hash    global rate-limit window (TTL)
+``<prefix>:{<queue>}:workers``               hash    consumer name -> last heartbeat (ms)
+===========================================  ======  =================================
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+__all__ = ["QueueKeys", "ShardKeys", "shard_index", "shard_name"]
+
+NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+
+def shard_index(key: str, shards: int) -> int:
+    """The shard of ``key``: ``int(sha256(key).hexdigest()[:8], 16) % shards``.
+
+    Stable across processes, versions and languages.
+    """
+    return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:8], 16) % shards
+
+
+def shard_name(queue: str, index: int) -> str:
+    """Shard 0 is named after the queue, shard ``i`` is ``<queue>-<i>``."""
+    return queue if index == 0 else f"{queue}-{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardKeys:
+    """The keys of one queue shard; all share the hash tag ``{<queue>:<index>}``."""
+
+    prefix: str
+    queue: str
+    index: int
+
+    @property
+    def name(self) -> str:
+        return shard_name(self.queue, self.index)
+
+    @property
+    def tag(self) -> str:
+        return f"{{{self.queue}:{self.index}}}"
+
+    @property
+    def stream(self) -> str:
+        return f"{self.prefix}:{self.tag}:stream"
+
+    @property
+    def delayed(self) -> str:
+        return f"{self.prefix}:{self.tag}:delayed"
+
+    @property
+    def jobs(self) -> str:
+        return f"{self.prefix}:{self.tag}:jobs"
+
+    @property
+    def dead(self) -> str:
+        return f"{self.prefix}:{self.tag}:dead"
+
+    def dedup(self, job_id: str) -> str:
+        return f"{self.prefix}:{self.tag}:dedup:{job_id}"
+
+    def all_static(self) -> tuple[str, ...]:
+        """Every key of the shard except dedup markers (one per job id)."""
+        return (self.stream, self.delayed, self.jobs, self.dead)
+
+
+class QueueKeys:
+    """The keys of one logical queue: queue-wide keys and one ``ShardKeys`` per shard."""
+
+    __slots__ = ("__dict__", "prefix", "queue", "shard_count")
+
+    def __init__(self, prefix: str, queue: str, shard_count: int) -> None:
+        self.prefix = prefix
+        self.queue = queue
+        self.shard_count = shard_count
+
+    @cached_property
+    def shards(self) -> tuple[ShardKeys, ...]:
+        return tuple(ShardKeys(self.prefix, self.queue, i) for i in range(self.shard_count))
+
+    @property
+    def tag(self) -> str:
+        return f"{{{self.queue}}}"
+
+    @property
+    def meta(self) -> str:
+        return f"{self.prefix}:{self.tag}:meta"
+
+    @property
+    def limiter(self) -> str:
+        return f"{self.prefix}:{self.tag}:limiter"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}:{self.tag}:workers"
+
+    def for_key(self, sharding_key: str) -> ShardKeys:
+        return self.shards[shard_index(sharding_key, self.shard_count)]

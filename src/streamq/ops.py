@@ -1,0 +1,211 @@
+"""One typed wrapper per Lua script: the only code that knows each script's argument order.
+
+Every function returns a :class:`~streamq._redis.Call`; run a batch of them with
+:func:`~streamq._redis.run_calls` (async) or :func:`~streamq._redis.run_calls_sync`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from streamq._redis import Call
+from streamq.envelope import FIELD_NAMES, flat_fields
+from streamq.keys import QueueKeys, ShardKeys
+from streamq.scripts import script
+
+__all__ = [
+    "EnqueueItem",
+    "LimiterGrant",
+    "PromoteResult",
+    "ReclaimPage",
+    "ReclaimedEntry",
+    "complete",
+    "drop_consumer",
+    "enqueue",
+    "fail",
+    "limiter",
+    "promote",
+    "reclaim",
+    "release",
+    "renew",
+    "retry",
+]
+
+
+def _str(v: Any) -> str:
+    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+
+
+def _str_list(reply: Any) -> list[str]:
+    return [_str(x) for x in reply or []]
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueItem:
+    """One job to enqueue: its id, field values (FIELD_NAMES order), delay and dedup flag."""
+
+    job_id: str
+    values: Sequence[str | bytes]
+    delay_ms: int = 0
+    dedup: bool = False
+
+
+def enqueue(shard: ShardKeys, items: Sequence[EnqueueItem], *, dedup_window_ms: int) -> Call:
+    """Enqueue ``items`` on one shard atomically. Reply: one bool per item (False: duplicate)."""
+    keys = [shard.stream, shard.delayed, shard.jobs]
+    args: list[Any] = [dedup_window_ms, len(FIELD_NAMES), *FIELD_NAMES]
+    for it in items:
+        if it.dedup:
+            keys.append(shard.dedup(it.job_id))
+        args.extend((it.job_id, it.delay_ms, 1 if it.dedup else 0, *it.values))
+    return Call(script("enqueue"), keys, args, lambda r: [bool(x) for x in r])
+
+
+def complete(shard: ShardKeys, group: str, consumer: str, entry_ids: Sequence[str]) -> Call:
+    """Ack + delete owned entries. Reply: the ids this consumer no longer owns."""
+    return Call(script("complete"), [shard.stream], [group, consumer, *entry_ids], _str_list)
+
+
+def renew(shard: ShardKeys, group: str, consumer: str, entry_ids: Sequence[str]) -> Call:
+    """Reset the idle time of owned entries. Reply: the ids this consumer no longer owns."""
+    return Call(script("renew"), [shard.stream], [group, consumer, *entry_ids], _str_list)
+
+
+def release(shard: ShardKeys, group: str, consumer: str, entry_ids: Sequence[str]) -> Call:
+    """Re-add owned entries at the tail, then ack + delete. Reply: ids no longer owned."""
+    return Call(script("release"), [shard.stream], [group, consumer, *entry_ids], _str_list)
+
+
+def retry(
+    shard: ShardKeys,
+    group: str,
+    consumer: str,
+    *,
+    entry_id: str,
+    job_id: str,
+    delay_ms: int,
+    values: Sequence[str | bytes],
+) -> Call:
+    """Move an owned entry to the delayed set with new fields. Reply: True if moved."""
+    return Call(
+        script("retry"),
+        [shard.stream, shard.delayed, shard.jobs],
+        [group, consumer, entry_id, job_id, max(0, delay_ms), *flat_fields(list(values))],
+        bool,
+    )
+
+
+def fail(
+    shard: ShardKeys,
+    group: str,
+    consumer: str,
+    *,
+    entry_id: str,
+    dead_fields: Sequence[str | bytes],
+    dead_cap: int,
+) -> Call:
+    """Move an owned entry to the dead stream. ``dead_fields`` is flat name/value pairs.
+
+    Reply: True if dead-lettered, False if this consumer no longer owns the entry.
+    """
+    return Call(
+        script("fail"),
+        [shard.stream, shard.dead],
+        [group, consumer, entry_id, dead_cap, *dead_fields],
+        bool,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PromoteResult:
+    moved: int
+    next_due_ms: int | None
+    now_ms: int
+
+
+def _promote_result(r: Any) -> PromoteResult:
+    nxt = int(r[1])
+    return PromoteResult(int(r[0]), None if nxt < 0 else nxt, int(r[2]))
+
+
+def promote(shard: ShardKeys, *, limit: int = 500) -> Call:
+    """Move up to ``limit`` due delayed jobs into the stream."""
+    return Call(
+        script("promote"), [shard.delayed, shard.jobs, shard.stream], [limit], _promote_result
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimedEntry:
+    entry_id: str
+    fields: dict[bytes, bytes]
+    deliveries: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimPage:
+    cursor: str
+    entries: list[ReclaimedEntry]
+    stalled: list[str]
+    lost: list[str]
+
+
+def _reclaim_page(r: Any) -> ReclaimPage:
+    run = r[1]
+    entries = []
+    for i in range(0, len(run), 3):
+        flat = run[i + 1]
+        fields = {
+            (flat[j] if isinstance(flat[j], bytes) else str(flat[j]).encode()): (
+                flat[j + 1] if isinstance(flat[j + 1], bytes) else str(flat[j + 1]).encode()
+            )
+            for j in range(0, len(flat), 2)
+        }
+        entries.append(ReclaimedEntry(_str(run[i]), fields, int(run[i + 2])))
+    return ReclaimPage(_str(r[0]), entries, _str_list(r[2]), _str_list(r[3]))
+
+
+def reclaim(
+    shard: ShardKeys,
+    group: str,
+    consumer: str,
+    *,
+    min_idle_ms: int,
+    cursor: str = "0-0",
+    count: int = 100,
+    max_stalled_count: int = 1,
+    dead_cap: int = 0,
+) -> Call:
+    """One XAUTOCLAIM page of entries idle over ``min_idle_ms``; loop until cursor is 0-0."""
+    return Call(
+        script("reclaim"),
+        [shard.stream, shard.dead],
+        [group, consumer, min_idle_ms, cursor, count, max_stalled_count, dead_cap],
+        _reclaim_page,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LimiterGrant:
+    granted: int
+    window_start_ms: int
+    window_left_ms: int
+
+
+def limiter(
+    qkeys: QueueKeys, *, max_jobs: int, window_ms: int, want: int, refund_window: int = 0
+) -> Call:
+    """Take ``want`` tokens (or give back ``-want`` from ``refund_window``)."""
+    return Call(
+        script("limiter"),
+        [qkeys.limiter],
+        [max_jobs, window_ms, want, refund_window],
+        lambda r: LimiterGrant(int(r[0]), int(r[1]), int(r[2])),
+    )
+
+
+def drop_consumer(shard: ShardKeys, group: str, consumer: str) -> Call:
+    """Delete ``consumer`` from the group only if it has nothing pending. Reply: True if gone."""
+    return Call(script("drop_consumer"), [shard.stream], [group, consumer], bool)

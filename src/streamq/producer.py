@@ -1,0 +1,461 @@
+"""Producers: a typed, sharded ``Queue`` (asyncio) and its synchronous twin ``SyncQueue``.
+
+Both share :class:`_Planner`, which validates, encodes and shards jobs and builds the script
+calls; the two classes only differ in how they send a batch to Redis.
+
+Example::
+
+    queue = Queue(Ingestion, redis.asyncio.Redis.from_url(url))
+    job_id = await queue.for_key(f"{project_id}-{event_id}").add(
+        Ingestion.ingest_event, IngestEvent(project_id=project_id, event_id=event_id)
+    )
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, TypeVar, overload
+
+from pydantic import BaseModel, ValidationError
+
+from streamq import ops
+from streamq._redis import Call, run_calls, run_calls_sync
+from streamq.contracts import JobSpec, Lane, QueueContract
+from streamq.envelope import encode_fields, validation_fields
+from streamq.errors import (
+    ConfigurationError,
+    InvalidPayload,
+    PayloadTooLarge,
+    RedisOutOfMemory,
+    RedisUnavailable,
+    UnknownJob,
+)
+from streamq.hooks import Hooks
+from streamq.keys import QueueKeys, ShardKeys
+
+__all__ = ["JobRequest", "Queue", "SyncQueue"]
+
+P = TypeVar("P", bound=BaseModel)
+C = TypeVar("C", bound=QueueContract)
+
+DEFAULT_PREFIX = "streamq"
+BULK_BATCH = 500
+
+SecondaryRule = Callable[[JobSpec[Any], BaseModel], bool]
+
+
+def delay_to_ms(delay: timedelta | int | None) -> int:
+    """``delay`` as whole ms: a timedelta, or an int already in ms."""
+    if delay is None:
+        return 0
+    ms = round(delay.total_seconds() * 1000) if isinstance(delay, timedelta) else int(delay)
+    if ms < 0:
+        raise ConfigurationError(f"delay must not be negative, got {delay!r}")
+    return ms
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest(Generic[P]):
+    """One job for :meth:`Queue.add_bulk`."""
+
+    job: JobSpec[P] | str
+    payload: P | Mapping[str, Any]
+    job_id: str | None = None
+    delay: timedelta | int | None = None
+    sharding_key: str | None = None
+
+
+@dataclass(slots=True)
+class _Prepared:
+    lane: Lane
+    shard: ShardKeys
+    spec: JobSpec[Any]
+    item: ops.EnqueueItem
+
+
+class _Planner:
+    """Validation, encoding, sharding and script calls shared by both producers."""
+
+    def __init__(
+        self,
+        contract: type[QueueContract],
+        *,
+        prefix: str,
+        secondary_when: SecondaryRule | None,
+        use_secondary: bool,
+        hooks: Hooks | None,
+        max_payload_bytes: int | None,
+    ) -> None:
+        if not (isinstance(contract, type) and issubclass(contract, QueueContract)):
+            raise ConfigurationError(f"{contract!r} is not a QueueContract subclass")
+        if (use_secondary or secondary_when) and contract.secondary is None:
+            raise ConfigurationError(
+                f"queue {contract.queue_name!r} declares no secondary lane "
+                "(set secondary_shards= on the contract)",
+                queue=contract.queue_name,
+            )
+        self.contract = contract
+        self.prefix = prefix
+        self.secondary_when = secondary_when
+        lane = contract.secondary if use_secondary else contract.primary
+        assert lane is not None
+        self.default_lane: Lane = lane
+        self.hooks = hooks or Hooks()
+        self.max_payload_bytes = max_payload_bytes or contract.defaults.max_payload_bytes
+        self._keys = {
+            lane.name: QueueKeys(prefix, lane.name, lane.shards) for lane in contract.lanes()
+        }
+        self._spread = itertools.count()
+
+    def keys(self, lane: Lane) -> QueueKeys:
+        return self._keys[lane.name]
+
+    def spec(self, job: JobSpec[Any] | str) -> JobSpec[Any]:
+        name = job if isinstance(job, str) else job.name
+        spec = self.contract.jobs.get(name)
+        if spec is None or (not isinstance(job, str) and spec is not job):
+            self.hooks.enqueue_rejected(self.contract.queue_name, name, "unknown_job")
+            raise UnknownJob(
+                f"queue {self.contract.queue_name!r} has no job {name!r}; declared jobs: "
+                f"{', '.join(sorted(self.contract.jobs))}",
+                queue=self.contract.queue_name,
+                job=name,
+            )
+        return spec
+
+    def validate(self, spec: JobSpec[Any], payload: Any) -> BaseModel:
+        queue = self.contract.queue_name
+        if isinstance(payload, spec.model):
+            return payload  # type: ignore[no-any-return]
+        if isinstance(payload, BaseModel):
+            self.hooks.enqueue_rejected(queue, spec.name, "invalid")
+            raise InvalidPayload(
+                f"queue {queue!r} job {spec.name!r}: expected a {spec.model.__name__} payload, "
+                f"got {type(payload).__name__}",
+                queue=queue,
+                job=spec.name,
+            )
+        try:
+            model: BaseModel = spec.model.model_validate(payload)
+            return model
+        except ValidationError as exc:
+            self.hooks.enqueue_rejected(queue, spec.name, "invalid")
+            fields = validation_fields(exc)
+            raise InvalidPayload(
+                f"queue {queue!r} job {spec.name!r}: invalid payload, field(s) "
+                f"{', '.join(fields)}: {exc.errors()[0]['msg']}",
+                queue=queue,
+                job=spec.name,
+                fields=fields,
+            ) from exc
+
+    def prepare(
+        self,
+        job: JobSpec[Any] | str,
+        payload: Any,
+        *,
+        job_id: str | None,
+        delay: timedelta | int | None,
+        sharding_key: str | None,
+        lane: Lane | None,
+    ) -> _Prepared:
+        spec = self.spec(job)
+        model = self.validate(spec, payload)
+        if lane is None:
+            lane = self.default_lane
+            if self.secondary_when is not None and self.secondary_when(spec, model):
+                lane = self.contract.secondary or lane
+        assert lane is not None
+        data = model.model_dump_json().encode("utf-8")
+        if len(data) > self.max_payload_bytes:
+            self.hooks.enqueue_rejected(lane.name, spec.name, "too_large")
+            raise PayloadTooLarge(
+                f"queue {lane.name!r} job {spec.name!r}: payload is {len(data)} bytes, over the "
+                f"{self.max_payload_bytes}-byte limit",
+                queue=lane.name,
+                job=spec.name,
+                size=len(data),
+                limit=self.max_payload_bytes,
+            )
+        given_id = job_id is not None
+        jid = job_id if given_id else uuid.uuid4().hex
+        assert jid is not None
+        if not jid or len(jid) > 200:
+            raise ConfigurationError(f"job_id must be 1..200 characters, got {jid!r}")
+        qkeys = self.keys(lane)
+        if sharding_key is not None:
+            shard = qkeys.for_key(sharding_key)
+        elif given_id:
+            # Dedup markers live on the shard: the same id must always map to the same shard.
+            shard = qkeys.for_key(jid)
+        else:
+            shard = qkeys.shards[next(self._spread) % lane.shards]
+        tenant = None
+        if self.contract.tenant_field:
+            tenant = str(getattr(model, self.contract.tenant_field, "") or "") or None
+        with self.hooks.enqueue_context(lane.name, spec.name, jid, tenant) as carrier:
+            values = encode_fields(
+                job_id=jid,
+                name=spec.name,
+                timestamp_ms=int(time.time() * 1000),
+                payload_json=data,
+                trace_context=carrier,
+            )
+        item = ops.EnqueueItem(jid, values, delay_to_ms(delay), given_id)
+        return _Prepared(lane, shard, spec, item)
+
+    def calls(self, prepared: Sequence[_Prepared]) -> tuple[list[Call], list[list[int]]]:
+        """One enqueue call per shard (in first-seen order) and which jobs each carries."""
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, p in enumerate(prepared):
+            groups.setdefault((p.lane.name, p.shard.index), []).append(i)
+        calls = []
+        for idxs in groups.values():
+            first = prepared[idxs[0]]
+            calls.append(
+                ops.enqueue(
+                    first.shard,
+                    [prepared[i].item for i in idxs],
+                    dedup_window_ms=self.contract.defaults.dedup_window_ms,
+                )
+            )
+        return calls, list(groups.values())
+
+    def finish(
+        self, prepared: Sequence[_Prepared], order: list[list[int]], replies: list[Any]
+    ) -> list[str]:
+        for idxs, reply in zip(order, replies, strict=True):
+            for i, added in zip(idxs, reply, strict=True):
+                p = prepared[i]
+                if added:
+                    self.hooks.enqueued(
+                        p.lane.name, p.shard.name, p.spec.name, delayed=p.item.delay_ms > 0
+                    )
+                else:
+                    self.hooks.enqueue_duplicate(p.lane.name, p.shard.name, p.spec.name)
+        return [p.item.job_id for p in prepared]
+
+    def failed(self, prepared: Sequence[_Prepared], exc: Exception) -> None:
+        if isinstance(exc, RedisUnavailable | RedisOutOfMemory):
+            for p in prepared:
+                self.hooks.enqueue_rejected(p.lane.name, p.spec.name, "redis_error")
+
+
+class _BaseQueue(Generic[C]):
+    """Shared configuration and the parts of the API that do not touch Redis."""
+
+    def __init__(
+        self,
+        contract: type[C],
+        redis: Any,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        secondary_when: SecondaryRule | None = None,
+        secondary: bool = False,
+        hooks: Hooks | None = None,
+        max_payload_bytes: int | None = None,
+        _sharding_key: str | None = None,
+    ) -> None:
+        self.contract = contract
+        self.redis = redis
+        self._planner = _Planner(
+            contract,
+            prefix=prefix,
+            secondary_when=secondary_when,
+            use_secondary=secondary,
+            hooks=hooks,
+            max_payload_bytes=max_payload_bytes,
+        )
+        self._opts = {
+            "prefix": prefix,
+            "secondary_when": secondary_when,
+            "secondary": secondary,
+            "hooks": hooks,
+            "max_payload_bytes": max_payload_bytes,
+        }
+        self._bound_key = _sharding_key
+
+    @property
+    def name(self) -> str:
+        """The name of the lane this queue writes to by default."""
+        return self._planner.default_lane.name
+
+    def shard_names(self) -> list[str]:
+        """Shard names of the default lane: ``[<queue>, <queue>-1, ...]``."""
+        return self._planner.default_lane.shard_names()
+
+    def shard_for(self, sharding_key: str) -> str:
+        """The shard name ``sharding_key`` maps to (stable across processes and versions)."""
+        lane = self._planner.default_lane
+        return lane.shard_names()[lane.shard_for(sharding_key)]
+
+    def _prepare(
+        self,
+        job: JobSpec[Any] | str,
+        payload: Any,
+        job_id: str | None,
+        delay: timedelta | int | None,
+        sharding_key: str | None,
+    ) -> _Prepared:
+        return self._planner.prepare(
+            job,
+            payload,
+            job_id=job_id,
+            delay=delay,
+            sharding_key=sharding_key if sharding_key is not None else self._bound_key,
+            lane=None,
+        )
+
+    def _prepare_many(self, requests: Iterable[JobRequest[Any]]) -> list[_Prepared]:
+        return [
+            self._prepare(r.job, r.payload, r.job_id, r.delay, r.sharding_key) for r in requests
+        ]
+
+
+class Queue(_BaseQueue[C]):
+    """An asyncio producer typed by its contract.
+
+    Args:
+        contract: the ``QueueContract`` subclass.
+        redis: a ``redis.asyncio.Redis`` or ``RedisCluster`` client (streamq never builds one).
+        prefix: key prefix shared with the workers.
+        secondary_when: a rule ``(job_spec, payload) -> bool`` sending matching jobs to the
+            contract's secondary lane (noisy tenants).
+        secondary: write to the secondary lane by default.
+        hooks: instrumentation (metrics, tracing).
+        max_payload_bytes: override the contract's payload size limit.
+    """
+
+    def for_key(self, sharding_key: str) -> Queue[C]:
+        """A view of this queue whose adds all go to ``sharding_key``'s shard."""
+        return Queue(self.contract, self.redis, **self._opts, _sharding_key=sharding_key)  # type: ignore[arg-type]
+
+    @overload
+    async def add(
+        self,
+        job: JobSpec[P],
+        payload: P | Mapping[str, Any],
+        *,
+        job_id: str | None = None,
+        delay: timedelta | int | None = None,
+        sharding_key: str | None = None,
+    ) -> str: ...
+
+    @overload
+    async def add(
+        self,
+        job: str,
+        payload: BaseModel | Mapping[str, Any],
+        *,
+        job_id: str | None = None,
+        delay: timedelta | int | None = None,
+        sharding_key: str | None = None,
+    ) -> str: ...
+
+    async def add(
+        self,
+        job: JobSpec[Any] | str,
+        payload: Any,
+        *,
+        job_id: str | None = None,
+        delay: timedelta | int | None = None,
+        sharding_key: str | None = None,
+    ) -> str:
+        """Validate and enqueue one job; returns its id.
+
+        With ``job_id``, a second add of the same id within the dedup window adds nothing
+        and returns the same id. ``delay`` is a timedelta or ms; the due time is computed
+        on the Redis server clock.
+
+        Raises:
+            UnknownJob, InvalidPayload, PayloadTooLarge: before anything is sent.
+            RedisUnavailable, RedisOutOfMemory: the job was not enqueued.
+        """
+        prepared = [self._prepare(job, payload, job_id, delay, sharding_key)]
+        return (await self._send(prepared))[0]
+
+    async def add_bulk(self, requests: Iterable[JobRequest[Any]]) -> list[str]:
+        """Validate every job first, then enqueue them in one pipelined round trip per
+        batch of 500 (one script call per shard). Returns the job ids, in order."""
+        prepared = self._prepare_many(requests)
+        out: list[str] = []
+        for i in range(0, len(prepared), BULK_BATCH):
+            out.extend(await self._send(prepared[i : i + BULK_BATCH]))
+        return out
+
+    async def _send(self, prepared: list[_Prepared]) -> list[str]:
+        calls, order = self._planner.calls(prepared)
+        try:
+            replies = await run_calls(self.redis, calls, queue=self.name)
+        except Exception as exc:
+            self._planner.failed(prepared, exc)
+            raise
+        return self._planner.finish(prepared, order, replies)
+
+
+class SyncQueue(_BaseQueue[C]):
+    """The synchronous twin of :class:`Queue` for sync web apps (Django, Flask).
+
+    Takes a ``redis.Redis`` or ``redis.RedisCluster`` client; same arguments otherwise.
+    """
+
+    def for_key(self, sharding_key: str) -> SyncQueue[C]:
+        """A view of this queue whose adds all go to ``sharding_key``'s shard."""
+        return SyncQueue(self.contract, self.redis, **self._opts, _sharding_key=sharding_key)  # type: ignore[arg-type]
+
+    @overload
+    def add(
+        self,
+        job: JobSpec[P],
+        payload: P | Mapping[str, Any],
+        *,
+        job_id: str | None = None,
+        delay: timedelta | int | None = None,
+        sharding_key: str | None = None,
+    ) -> str: ...
+
+    @overload
+    def add(
+        self,
+        job: str,
+        payload: BaseModel | Mapping[str, Any],
+        *,
+        job_id: str | None = None,
+        delay: timedelta | int | None = None,
+        sharding_key: str | None = None,
+    ) -> str: ...
+
+    def add(
+        self,
+        job: JobSpec[Any] | str,
+        payload: Any,
+        *,
+        job_id: str | None = None,
+        delay: timedelta | int | None = None,
+        sharding_key: str | None = None,
+    ) -> str:
+        """Validate and enqueue one job; see :meth:`Queue.add`."""
+        prepared = [self._prepare(job, payload, job_id, delay, sharding_key)]
+        return self._send(prepared)[0]
+
+    def add_bulk(self, requests: Iterable[JobRequest[Any]]) -> list[str]:
+        """Validate every job, then enqueue them pipelined; see :meth:`Queue.add_bulk`."""
+        prepared = self._prepare_many(requests)
+        out: list[str] = []
+        for i in range(0, len(prepared), BULK_BATCH):
+            out.extend(self._send(prepared[i : i + BULK_BATCH]))
+        return out
+
+    def _send(self, prepared: list[_Prepared]) -> list[str]:
+        calls, order = self._planner.calls(prepared)
+        try:
+            replies = run_calls_sync(self.redis, calls, queue=self.name)
+        except Exception as exc:
+            self._planner.failed(prepared, exc)
+            raise
+        return self._planner.finish(prepared, order, replies)

