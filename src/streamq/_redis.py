@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamq.errors import RedisOutOfMemory, RedisUnavailable, StreamqError
@@ -51,11 +51,22 @@ def map_error(exc: BaseException, *, queue: str | None = None) -> StreamqError |
     where = f" (queue {queue!r})" if queue else ""
     if isinstance(exc, RedisConnectionError | RedisTimeoutError | ConnectionError | OSError):
         return RedisUnavailable(f"Redis is unreachable{where}: {exc}", queue=queue)
-    if isinstance(exc, ResponseError) and str(exc).startswith("OOM"):
+    if _is_oom(exc):
         return RedisOutOfMemory(
             f"Redis refused the write: it is at maxmemory{where}: {exc}", queue=queue
         )
     return None
+
+
+def _is_oom(exc: BaseException) -> bool:
+    # redis-py strips the "OOM " prefix and raises OutOfMemoryError; a script's error (and
+    # Redis 6.2's "ERR Error running script ... OOM ...") can arrive as a plain ResponseError.
+    if isinstance(exc, OutOfMemoryError):
+        return True
+    msg = str(exc)
+    return isinstance(exc, ResponseError) and (
+        msg.startswith("OOM") or "used memory > 'maxmemory'" in msg
+    )
 
 
 def _raise_mapped(exc: BaseException, queue: str | None) -> None:

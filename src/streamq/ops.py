@@ -57,6 +57,13 @@ def enqueue(shard: ShardKeys, items: Sequence[EnqueueItem], *, dedup_window_ms: 
     keys = [shard.stream, shard.delayed, shard.jobs]
     args: list[Any] = [dedup_window_ms, len(FIELD_NAMES), *FIELD_NAMES]
     for it in items:
+        if len(it.values) != len(FIELD_NAMES):
+            # The script reads a fixed number of values per job: a short list would shift
+            # every later job's arguments.
+            raise ValueError(
+                f"job {it.job_id!r}: expected {len(FIELD_NAMES)} field values, "
+                f"got {len(it.values)}"
+            )
         if it.dedup:
             keys.append(shard.dedup(it.job_id))
         args.extend((it.job_id, it.delay_ms, 1 if it.dedup else 0, *it.values))

@@ -1,0 +1,137 @@
+"""Small helpers shared by the script tests: keys, groups, reads and Redis state probes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from streamq import ops
+from streamq._redis import Call, run_calls
+from streamq.envelope import FIELD_NAMES, encode_fields
+from streamq.keys import QueueKeys, ShardKeys
+
+GROUP = "g"
+QUEUE = "q"
+
+
+def shard(prefix: str, queue: str = QUEUE, index: int = 0) -> ShardKeys:
+    return ShardKeys(prefix, queue, index)
+
+
+def queue_keys(prefix: str, queue: str = QUEUE, shards: int = 1) -> QueueKeys:
+    return QueueKeys(prefix, queue, shards)
+
+
+def job_values(
+    job_id: str, *, name: str = "work", attempt: int = 1, ts: int = 1
+) -> list[str | bytes]:
+    return encode_fields(
+        job_id=job_id,
+        name=name,
+        timestamp_ms=ts,
+        payload_json=f'{{"n":"{job_id}"}}',
+        attempt=attempt,
+    )
+
+
+def item(job_id: str, *, delay_ms: int = 0, dedup: bool = False, **kw: Any) -> ops.EnqueueItem:
+    return ops.EnqueueItem(job_id, job_values(job_id, **kw), delay_ms=delay_ms, dedup=dedup)
+
+
+async def run1(r: Any, call: Call) -> Any:
+    return (await run_calls(r, [call]))[0]
+
+
+async def make_group(r: Any, sk: ShardKeys, group: str = GROUP) -> None:
+    await r.execute_command("XGROUP", "CREATE", sk.stream, group, "0", "MKSTREAM")
+
+
+async def enqueue(r: Any, sk: ShardKeys, *job_ids: str, window_ms: int = 60_000) -> list[bool]:
+    return await run1(r, ops.enqueue(sk, [item(j) for j in job_ids], dedup_window_ms=window_ms))  # type: ignore[no-any-return]
+
+
+@dataclass
+class Entry:
+    id: str
+    fields: dict[str, str]
+
+
+def _fields(flat: Any) -> dict[str, str]:
+    if isinstance(flat, dict):
+        items = list(flat.items())
+    else:
+        items = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+    return {_s(k): _s(v) for k, v in items}
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+async def read(
+    r: Any, sk: ShardKeys, consumer: str, count: int = 100, group: str = GROUP
+) -> list[Entry]:
+    """XREADGROUP new entries as ``consumer`` (enters the PEL)."""
+    reply = await r.xreadgroup(group, consumer, {sk.stream: ">"}, count=count)
+    if not reply:
+        return []
+    return [Entry(_s(eid), _fields(f)) for eid, f in reply[0][1]]
+
+
+async def xrange(r: Any, key: str) -> list[Entry]:
+    return [Entry(_s(eid), _fields(f)) for eid, f in await r.xrange(key)]
+
+
+async def raw_fields(r: Any, key: str) -> list[list[str]]:
+    """Each entry's field names in stream order (redis-py keeps the order in its dict)."""
+    return [[_s(k) for k in flat] for _eid, flat in await r.xrange(key)]
+
+
+@dataclass
+class Pending:
+    consumer: str
+    deliveries: int
+    idle_ms: int
+
+
+async def pending(r: Any, sk: ShardKeys, group: str = GROUP) -> dict[str, Pending]:
+    rows = await r.xpending_range(sk.stream, group, "-", "+", 10_000)
+    return {
+        _s(p["message_id"]): Pending(
+            _s(p["consumer"]), int(p["times_delivered"]), int(p["time_since_delivered"])
+        )
+        for p in rows
+    }
+
+
+async def server_ms(r: Any) -> int:
+    sec, usec = await r.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+async def wait_until(
+    pred: Callable[[], Awaitable[bool]], *, timeout_s: float = 5.0, what: str = "condition"
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def wait_idle(
+    r: Any, sk: ShardKeys, ids: Sequence[str], min_idle_ms: int, group: str = GROUP
+) -> None:
+    """Wait until every entry in ``ids`` has been idle at least ``min_idle_ms`` (PEL clock)."""
+
+    async def idle() -> bool:
+        p = await pending(r, sk, group)
+        return all(p[i].idle_ms >= min_idle_ms for i in ids)
+
+    await wait_until(idle, what=f"entries idle >= {min_idle_ms} ms")
+
+
+FIELDS = list(FIELD_NAMES)

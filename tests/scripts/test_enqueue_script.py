@@ -1,0 +1,217 @@
+"""enqueue.lua: immediate XADD, delayed ZADD + HSET on the server clock, dedup markers, bulk
+batches, and all-or-nothing under OOM."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import OutOfMemoryError
+
+from streamq import ops
+from streamq._redis import run_calls
+from streamq.envelope import FIELD_NAMES
+from streamq.errors import RedisOutOfMemory
+from tests.scripts.helpers import (
+    enqueue,
+    item,
+    job_values,
+    make_group,
+    pending,
+    raw_fields,
+    read,
+    run1,
+    server_ms,
+    shard,
+    wait_until,
+    xrange,
+)
+from tests.support.redis_server import RedisServer, find_binary
+
+
+async def test_immediate_job_is_xadded_with_every_field_name_in_order(aredis, prefix):
+    sk = shard(prefix)
+    assert await enqueue(aredis, sk, "j1") == [True]
+
+    assert await raw_fields(aredis, sk.stream) == [list(FIELD_NAMES)]
+    (entry,) = await xrange(aredis, sk.stream)
+    values = [v.decode() if isinstance(v, bytes) else v for v in job_values("j1")]
+    assert list(entry.fields.values()) == values
+    assert await aredis.zcard(sk.delayed) == 0
+    assert await aredis.hlen(sk.jobs) == 0
+
+
+async def test_delayed_job_goes_to_zset_and_hash_with_due_time_from_server_clock(aredis, prefix):
+    sk = shard(prefix)
+    before = await server_ms(aredis)
+    assert await run1(aredis, ops.enqueue(sk, [item("d1", delay_ms=5_000)], dedup_window_ms=1))
+    after = await server_ms(aredis)
+
+    assert await aredis.xlen(sk.stream) == 0
+    score = await aredis.zscore(sk.delayed, "d1")
+    assert before + 5_000 <= score <= after + 5_000
+    stored = json.loads(await aredis.hget(sk.jobs, "d1"))
+    assert stored[0::2] == list(FIELD_NAMES)
+    assert stored[1] == str(int(score))  # 'due' is the score
+    assert stored[3] == "d1"
+
+
+async def test_second_add_with_same_id_in_window_returns_false_and_adds_nothing(aredis, prefix):
+    sk = shard(prefix)
+    call = ops.enqueue(sk, [item("same", dedup=True)], dedup_window_ms=60_000)
+    assert await run1(aredis, call) == [True]
+    assert await run1(aredis, call) == [False]
+
+    assert await aredis.xlen(sk.stream) == 1
+    ttl = await aredis.pttl(sk.dedup("same"))
+    assert 0 < ttl <= 60_000
+
+
+async def test_duplicate_delayed_add_does_not_touch_zset_or_hash(aredis, prefix):
+    sk = shard(prefix)
+    first = ops.enqueue(sk, [item("d", dedup=True, delay_ms=60_000)], dedup_window_ms=60_000)
+    assert await run1(aredis, first) == [True]
+    score = await aredis.zscore(sk.delayed, "d")
+    again = ops.enqueue(sk, [item("d", dedup=True, delay_ms=1_000)], dedup_window_ms=60_000)
+    assert await run1(aredis, again) == [False]
+
+    assert await aredis.zscore(sk.delayed, "d") == score
+    assert await aredis.xlen(sk.stream) == 0
+
+
+async def test_dedup_marker_expires_after_its_window_and_the_id_can_be_added_again(aredis, prefix):
+    sk = shard(prefix)
+    call = ops.enqueue(sk, [item("short", dedup=True)], dedup_window_ms=30)
+    assert await run1(aredis, call) == [True]
+
+    async def marker_gone() -> bool:
+        return not await aredis.exists(sk.dedup("short"))
+
+    await wait_until(marker_gone, what="dedup marker expiry")
+    assert await run1(aredis, call) == [True]
+    assert await aredis.xlen(sk.stream) == 2
+
+
+async def test_bulk_batch_mixes_dedup_plain_and_delayed_jobs_in_one_call(aredis, prefix):
+    sk = shard(prefix)
+    assert await run1(aredis, ops.enqueue(sk, [item("old", dedup=True)], dedup_window_ms=60_000))
+    batch = [
+        item("a", dedup=True),
+        item("b"),
+        item("c", dedup=True, delay_ms=60_000),
+        item("a", dedup=True),  # duplicate inside the batch
+        item("d", delay_ms=60_000),
+        item("old", dedup=True),  # duplicate of an earlier add
+        item("b"),  # no dedup: a second entry
+    ]
+    reply = await run1(aredis, ops.enqueue(sk, batch, dedup_window_ms=60_000))
+
+    assert reply == [True, True, True, False, True, False, True]
+    ids = [e.fields["id"] for e in await xrange(aredis, sk.stream)]
+    assert ids == ["old", "a", "b", "b"]
+    assert await aredis.zrange(sk.delayed, 0, -1) == [b"c", b"d"]
+    assert sorted(await aredis.hkeys(sk.jobs)) == [b"c", b"d"]
+    for jid in ("a", "c", "old"):
+        assert await aredis.exists(sk.dedup(jid))
+    for jid in ("b", "d"):
+        assert not await aredis.exists(sk.dedup(jid))
+
+
+async def test_one_pipeline_runs_calls_for_several_shards(aredis, prefix):
+    s0, s1 = shard(prefix, index=0), shard(prefix, index=1)
+    replies = await run_calls(
+        aredis,
+        [
+            ops.enqueue(s0, [item("x")], dedup_window_ms=1),
+            ops.enqueue(s1, [item("y"), item("z")], dedup_window_ms=1),
+        ],
+    )
+    assert replies == [[True], [True, True]]
+    assert await aredis.xlen(s0.stream) == 1
+    assert await aredis.xlen(s1.stream) == 2
+
+
+def test_enqueue_wrapper_refuses_values_of_the_wrong_length(prefix):
+    bad = ops.EnqueueItem("x", ["only", "three", "values"])
+    with pytest.raises(ValueError, match="field values"):
+        ops.enqueue(shard(prefix), [bad], dedup_window_ms=1)
+
+
+# --- out of memory ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def oom_server() -> Iterator[RedisServer]:
+    binary = find_binary()
+    if binary is None:
+        pytest.skip("no redis-server binary")
+    server = RedisServer(
+        binary, extra=["--maxmemory", "1mb", "--maxmemory-policy", "noeviction"]
+    ).start()
+    yield server
+    server.stop(kill=True)
+
+
+@pytest.fixture
+async def oom_redis(oom_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis(port=oom_server.port)
+    yield client
+    await client.aclose()
+
+
+async def _headroom(r: aioredis.Redis, nbytes: int) -> None:
+    """Move maxmemory to just above what is in use: an empty Redis 7 already uses ~0.95 MB, so
+    a fixed 1 MB leaves too little room to set up the stream the test then drains."""
+    used = int((await r.info("memory"))["used_memory"])
+    await r.config_set("maxmemory", used + nbytes)
+
+
+async def _fill(r: aioredis.Redis, prefix: str) -> None:
+    """Write filler until Redis refuses with OOM, then pin maxmemory a little below what is
+    used: right at the limit, used memory jitters (client buffers) around it by a few KB."""
+    chunk = b"x" * 16_384
+    for i in range(10_000):
+        try:
+            await r.set(f"{prefix}:fill:{i}", chunk)
+        except OutOfMemoryError:
+            break
+    else:
+        raise AssertionError("redis never reached maxmemory")
+    used = int((await r.info("memory"))["used_memory"])
+    await r.config_set("maxmemory", used - 64 * 1024)
+
+
+async def test_enqueue_under_oom_raises_and_writes_nothing_while_workers_keep_draining(
+    oom_redis, prefix
+):
+    r = oom_redis
+    sk = shard(prefix)
+    await _headroom(r, 256 * 1024)
+    await make_group(r, sk)
+    await enqueue(r, sk, "done-me", "stalled")
+    e1, e2 = await read(r, sk, "w1")
+    await _fill(r, prefix)
+
+    for it in (item("new", dedup=True), item("new2", dedup=True, delay_ms=1_000), item("p")):
+        with pytest.raises(RedisOutOfMemory):
+            await run1(r, ops.enqueue(sk, [it], dedup_window_ms=60_000))
+    with pytest.raises(RedisOutOfMemory):
+        await run1(r, ops.enqueue(sk, [item("m1", dedup=True), item("m2")], dedup_window_ms=60_000))
+    assert not await r.exists(sk.dedup("new"))
+    assert not await r.exists(sk.dedup("new2"))
+    assert not await r.exists(sk.dedup("m1"))
+    assert await r.xlen(sk.stream) == 2
+    assert await r.zcard(sk.delayed) == 0
+    assert await r.hlen(sk.jobs) == 0
+
+    # Draining still works: complete (XACK + XDEL) and reclaim (XAUTOCLAIM).
+    assert await run1(r, ops.complete(sk, "g", "w1", [e1.id])) == []
+    assert await r.xlen(sk.stream) == 1
+    page = await run1(r, ops.reclaim(sk, "g", "w2", min_idle_ms=0))
+    assert [e.entry_id for e in page.entries] == [e2.id]
+    assert (await pending(r, sk))[e2.id].consumer == "w2"
+    assert await run1(r, ops.complete(sk, "g", "w2", [e2.id])) == []
+    assert await r.xlen(sk.stream) == 0
+    assert await pending(r, sk) == {}
