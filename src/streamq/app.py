@@ -1,0 +1,196 @@
+"""The worker app: processors registered as decorated functions.
+
+Example::
+
+    app = App(CONTRACTS)
+
+    @app.processor(Ingestion, concurrency=20, lock_duration=timedelta(seconds=60))
+    async def ingest(job: Job[IngestEvent]) -> None:
+        await services.ingest(job.payload)
+
+``python -m worker`` loads ``app`` (``WORKER_APP=package.module:app``) and starts a consumer
+for every queue whose ``QUEUE_CONSUMER_<QUEUE>_IS_ENABLED`` flag is true.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, Union, get_args, get_origin
+
+from pydantic import BaseModel
+
+from streamq.contracts import ContractSet, JobSpec, QueueContract
+from streamq.errors import RegistrationError
+from streamq.job import Job
+from streamq.options import WorkerOptions
+
+__all__ = ["App", "Processor", "Registration"]
+
+Processor = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(slots=True)
+class Registration:
+    """The processors of one queue contract and how the queue is consumed."""
+
+    contract: type[QueueContract]
+    options: WorkerOptions
+    default: Processor | None = None
+    by_job: dict[str, Processor] = field(default_factory=dict)
+    options_given: bool = False
+
+    def handler(self, job_name: str) -> Processor | None:
+        """The processor for ``job_name``, or None when nothing handles it."""
+        return self.by_job.get(job_name, self.default)
+
+    @staticmethod
+    def is_async(fn: Processor) -> bool:
+        return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+        )
+
+
+class App:
+    """Holds the processors of a worker application.
+
+    Args:
+        contracts: the application's contracts (a ``ContractSet`` or queue contracts).
+    """
+
+    def __init__(self, contracts: ContractSet | Iterable[type[QueueContract]] = ()) -> None:
+        self.contracts = contracts if isinstance(contracts, ContractSet) else ContractSet(
+            *contracts
+        )
+        self.registrations: dict[str, Registration] = {}
+
+    def processor(
+        self, target: type[QueueContract] | JobSpec[Any], **options: Any
+    ) -> Callable[[F], F]:
+        """Register the decorated function as the processor of a queue or of one job.
+
+        ``target`` is a queue contract (the function handles all its jobs) or one job spec
+        (``Ingestion.ingest_event``). Keyword options are :class:`WorkerOptions` fields and
+        apply to the whole queue; give them once per queue.
+
+        Raises:
+            RegistrationError: the job is not declared by the contract, the function's
+                ``Job[...]`` annotation does not match the payload type, the job or queue
+                already has a processor, or options are given twice for one queue.
+        """
+        if isinstance(target, JobSpec):
+            if target.queue is None or target.queue.jobs.get(target.name) is not target:
+                raise RegistrationError(
+                    f"job {target.name!r} is not declared by any queue contract", job=target.name
+                )
+            contract = target.queue
+            models: list[type[BaseModel]] = [target.model]
+            job_name: str | None = target.name
+        elif isinstance(target, type) and issubclass(target, QueueContract):
+            contract = target
+            models = [s.model for s in target.jobs.values()]
+            job_name = None
+        else:
+            raise RegistrationError(
+                f"@app.processor needs a QueueContract or a JobSpec, got {target!r}"
+            )
+        opts = WorkerOptions().merged(**options) if options else WorkerOptions()
+
+        def decorate(fn: F) -> F:
+            _check_annotation(fn, contract, job_name, models)
+            reg = self.registrations.get(contract.queue_name)
+            if reg is None:
+                reg = Registration(contract, opts, options_given=bool(options))
+                self.registrations[contract.queue_name] = reg
+            elif options:
+                if reg.options_given and reg.options != opts:
+                    raise RegistrationError(
+                        f"queue {contract.queue_name!r}: options were already given by another "
+                        "@app.processor; give queue options once",
+                        queue=contract.queue_name,
+                    )
+                reg.options, reg.options_given = opts, True
+            if job_name is None:
+                if reg.default is not None:
+                    raise RegistrationError(
+                        f"queue {contract.queue_name!r} already has a processor",
+                        queue=contract.queue_name,
+                    )
+                reg.default = fn
+            else:
+                if job_name in reg.by_job:
+                    raise RegistrationError(
+                        f"job {job_name!r} of queue {contract.queue_name!r} already has a "
+                        "processor",
+                        queue=contract.queue_name,
+                        job=job_name,
+                    )
+                reg.by_job[job_name] = fn
+            return fn
+
+        return decorate
+
+    def registration(self, queue_name: str) -> Registration | None:
+        """The registration covering lane ``queue_name`` (primary or secondary)."""
+        for reg in self.registrations.values():
+            if any(lane.name == queue_name for lane in reg.contract.lanes()):
+                return reg
+        return None
+
+    def lane_names(self) -> list[str]:
+        """Every lane that has a processor, primary and secondary."""
+        return [lane.name for r in self.registrations.values() for lane in r.contract.lanes()]
+
+
+def _payload_type(fn: Callable[..., Any]) -> Any:
+    """The ``P`` of the first parameter's ``Job[P]`` annotation, or None when absent."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        return None
+    params = list(inspect.signature(fn).parameters)
+    if not params:
+        raise RegistrationError(f"processor {fn.__qualname__} must take one argument (the job)")
+    hint = hints.get(params[0])
+    if hint is None:
+        return None
+    if get_origin(hint) is Job or hint is Job:
+        args = get_args(hint)
+        return args[0] if args else None
+    raise RegistrationError(
+        f"processor {fn.__qualname__}: its first parameter must be annotated Job[...], "
+        f"got {hint!r}"
+    )
+
+
+def _check_annotation(
+    fn: Callable[..., Any],
+    contract: type[QueueContract],
+    job_name: str | None,
+    models: list[type[BaseModel]],
+) -> None:
+    declared = _payload_type(fn)
+    if declared is None or declared is Any or declared is BaseModel:
+        return
+    accepted: tuple[Any, ...]
+    if get_origin(declared) in (Union, types.UnionType):
+        accepted = get_args(declared)
+    else:
+        accepted = (declared,)
+    for m in models:
+        if not any(isinstance(a, type) and issubclass(m, a) for a in accepted):
+            where = f"job {job_name!r}" if job_name else f"queue {contract.queue_name!r}"
+            raise RegistrationError(
+                f"processor {fn.__qualname__} takes Job[{_name(declared)}] but {where} "
+                f"carries {m.__name__} payloads",
+                queue=contract.queue_name,
+                job=job_name,
+            )
+
+
+def _name(t: Any) -> str:
+    return getattr(t, "__name__", repr(t))

@@ -1,0 +1,106 @@
+"""``Job[P]``: what a processor receives."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
+
+__all__ = ["Job"]
+
+P = TypeVar("P", bound=BaseModel)
+
+_log = logging.getLogger("streamq.job")
+
+
+class Job(Generic[P]):
+    """One job run: the validated payload and its metadata.
+
+    A processor returns (the job completes) or raises (see the failure semantics); it never
+    acknowledges. ``job.id`` is stable across attempts and redeliveries: use it to be
+    idempotent.
+
+    Attributes:
+        id: the stable job id.
+        name: the job name.
+        queue: the queue (lane) name.
+        shard: the shard name.
+        payload: the validated payload.
+        attempt: 1-based attempt number.
+        max_attempts: attempts before the job is dead-lettered.
+        timestamp: first enqueue time, ms since the epoch.
+        retry_baggage: errors of earlier attempts, or None.
+        logger: a logger carrying queue, job id, name and attempt as context.
+    """
+
+    __slots__ = (
+        "_extend",
+        "_lost",
+        "attempt",
+        "id",
+        "logger",
+        "max_attempts",
+        "name",
+        "payload",
+        "queue",
+        "retry_baggage",
+        "shard",
+        "tenant",
+        "timestamp",
+        "trace_context",
+    )
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        name: str,
+        queue: str,
+        shard: str,
+        payload: P,
+        attempt: int,
+        max_attempts: int,
+        timestamp: int,
+        retry_baggage: dict[str, Any] | None = None,
+        trace_context: dict[str, str] | None = None,
+        tenant: str | None = None,
+        extend_lock: Callable[[], None] | None = None,
+    ) -> None:
+        self.id = id
+        self.name = name
+        self.queue = queue
+        self.shard = shard
+        self.payload = payload
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.timestamp = timestamp
+        self.retry_baggage = retry_baggage
+        self.trace_context = trace_context
+        self.tenant = tenant
+        self._extend = extend_lock
+        self._lost = threading.Event()
+        context = {"queue": queue, "job_id": id, "job": name, "attempt": attempt}
+        if tenant:
+            context["tenant"] = tenant
+        self.logger = logging.LoggerAdapter(_log, context)
+
+    @property
+    def is_final_attempt(self) -> bool:
+        """True when a failure of this attempt dead-letters the job."""
+        return self.attempt >= self.max_attempts
+
+    @property
+    def lock_lost(self) -> bool:
+        """True once another worker reclaimed this job; its result will not be acknowledged."""
+        return self._lost.is_set()
+
+    def extend_lock(self) -> None:
+        """Renew this worker's locks now (thread-safe; renewal also runs on its own)."""
+        if self._extend is not None:
+            self._extend()
+
+    def __repr__(self) -> str:
+        return f"Job({self.queue}/{self.name} id={self.id} attempt={self.attempt})"

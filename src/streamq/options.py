@@ -1,0 +1,151 @@
+"""Per-queue worker options, with BullMQ-like defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from datetime import timedelta
+from typing import Any
+
+from streamq.backoff import Backoff, BackoffLike
+from streamq.errors import ConfigurationError
+
+__all__ = ["Limiter", "WorkerOptions"]
+
+Duration = timedelta | float | int
+"""A duration: a timedelta, or a number of seconds."""
+
+
+def to_ms(value: Duration, what: str, *, minimum: int = 0) -> int:
+    """A duration (timedelta or seconds) as whole ms, checked against ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, timedelta | float | int):
+        raise ConfigurationError(f"{what} must be a timedelta or seconds, got {value!r}")
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    ms = round(seconds * 1000)
+    if ms < minimum:
+        raise ConfigurationError(f"{what} must be at least {minimum} ms, got {value!r}")
+    return ms
+
+
+@dataclass(frozen=True, slots=True)
+class Limiter:
+    """A global rate limit: at most ``max_jobs`` started per ``duration``, across all workers
+    of the queue (enforced in Redis)."""
+
+    max_jobs: int
+    duration: Duration = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_jobs, int) or self.max_jobs < 1:
+            raise ConfigurationError(f"limiter max_jobs must be >= 1, got {self.max_jobs!r}")
+        to_ms(self.duration, "limiter duration", minimum=1)
+
+    @property
+    def duration_ms(self) -> int:
+        return to_ms(self.duration, "limiter duration", minimum=1)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """How one queue is consumed. Durations are timedeltas or seconds.
+
+    Attributes:
+        concurrency: jobs run at once by this process for the queue.
+        limiter: global rate limit across all workers (None: unlimited).
+        lock_duration: how long a job stays locked without renewal before another worker
+            may reclaim it.
+        lock_renew_interval: how often held locks are renewed (default: half the lock).
+        stalled_interval: how often to look for stalled jobs of dead workers.
+        max_stalled_count: redeliveries of a stalled job before it is dead-lettered
+            (0: never redeliver).
+        attempts: runs before a failing job is dead-lettered (None: the contract's default).
+        backoff: delay policy between attempts (None: the contract's default).
+        timeout: a job running longer fails as a timeout (None: no limit).
+        shutdown_timeout: on shutdown, how long running jobs may finish before release.
+        block_timeout: longest blocking read, so a dead connection is noticed.
+        dead_letter_cap: approximate cap of each shard's dead-letter stream (0: uncapped).
+        promote_interval: longest wait between checks for due delayed jobs.
+    """
+
+    concurrency: int = 1
+    limiter: Limiter | None = None
+    lock_duration: Duration = timedelta(seconds=30)
+    lock_renew_interval: Duration | None = None
+    stalled_interval: Duration = timedelta(seconds=30)
+    max_stalled_count: int = 1
+    attempts: int | None = None
+    backoff: BackoffLike | None = None
+    timeout: Duration | None = None
+    shutdown_timeout: Duration = timedelta(seconds=30)
+    block_timeout: Duration = timedelta(seconds=2)
+    dead_letter_cap: int = 100_000
+    promote_interval: Duration = timedelta(milliseconds=200)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise ConfigurationError(f"concurrency must be >= 1, got {self.concurrency!r}")
+        if not isinstance(self.max_stalled_count, int) or self.max_stalled_count < 0:
+            raise ConfigurationError(
+                f"max_stalled_count must be >= 0, got {self.max_stalled_count!r}"
+            )
+        if self.attempts is not None and (not isinstance(self.attempts, int) or self.attempts < 1):
+            raise ConfigurationError(f"attempts must be >= 1, got {self.attempts!r}")
+        if self.dead_letter_cap < 0:
+            raise ConfigurationError("dead_letter_cap must be >= 0")
+        if self.backoff is not None and not (
+            isinstance(self.backoff, Backoff) or callable(self.backoff)
+        ):
+            raise ConfigurationError(
+                f"backoff must be a Backoff or a callable, got {self.backoff!r}"
+            )
+        lock = to_ms(self.lock_duration, "lock_duration", minimum=100)
+        renew = self.lock_renew_interval_ms
+        if renew >= lock:
+            raise ConfigurationError(
+                f"lock_renew_interval ({renew} ms) must be shorter than lock_duration ({lock} ms)"
+            )
+        to_ms(self.stalled_interval, "stalled_interval", minimum=10)
+        to_ms(self.shutdown_timeout, "shutdown_timeout")
+        to_ms(self.block_timeout, "block_timeout", minimum=10)
+        to_ms(self.promote_interval, "promote_interval", minimum=1)
+        if self.timeout is not None:
+            to_ms(self.timeout, "timeout", minimum=1)
+
+    @property
+    def lock_duration_ms(self) -> int:
+        return to_ms(self.lock_duration, "lock_duration")
+
+    @property
+    def lock_renew_interval_ms(self) -> int:
+        if self.lock_renew_interval is None:
+            return self.lock_duration_ms // 2
+        return to_ms(self.lock_renew_interval, "lock_renew_interval", minimum=10)
+
+    @property
+    def stalled_interval_ms(self) -> int:
+        return to_ms(self.stalled_interval, "stalled_interval")
+
+    @property
+    def timeout_s(self) -> float | None:
+        return None if self.timeout is None else to_ms(self.timeout, "timeout") / 1000
+
+    @property
+    def shutdown_timeout_s(self) -> float:
+        return to_ms(self.shutdown_timeout, "shutdown_timeout") / 1000
+
+    @property
+    def block_timeout_ms(self) -> int:
+        return to_ms(self.block_timeout, "block_timeout")
+
+    @property
+    def promote_interval_s(self) -> float:
+        return to_ms(self.promote_interval, "promote_interval") / 1000
+
+    def merged(self, **overrides: Any) -> WorkerOptions:
+        """A copy with ``overrides`` applied; unknown names raise ``ConfigurationError``."""
+        known = {f.name for f in fields(self)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise ConfigurationError(
+                f"unknown worker option(s) {sorted(unknown)}; known: {sorted(known)}"
+            )
+        return replace(self, **overrides)

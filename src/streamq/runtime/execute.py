@@ -1,0 +1,52 @@
+"""Running a processor: async on the event loop, sync in a thread pool, with a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from streamq.app import Processor, Registration
+from streamq.errors import JobTimeout
+from streamq.job import Job
+
+__all__ = ["run_processor"]
+
+_log = logging.getLogger("streamq.worker")
+
+
+async def run_processor(
+    fn: Processor,
+    job: Job[Any],
+    *,
+    timeout_s: float | None,
+    pool: ThreadPoolExecutor,
+) -> Any:
+    """Run ``fn(job)``; raise :class:`JobTimeout` past ``timeout_s``.
+
+    An async processor is cancelled at its timeout. A sync one cannot be stopped: its thread
+    is abandoned (it keeps running to its end, its result ignored) and counted.
+    """
+    if Registration.is_async(fn):
+        coro = fn(job)
+        if timeout_s is None:
+            return await coro
+        try:
+            return await asyncio.wait_for(coro, timeout_s)
+        except TimeoutError:
+            raise JobTimeout(f"job ran longer than its {timeout_s:g} s timeout") from None
+    loop = asyncio.get_running_loop()
+    ctx = contextvars.copy_context()
+    fut = loop.run_in_executor(pool, ctx.run, fn, job)
+    if timeout_s is None:
+        return await fut
+    try:
+        return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+    except TimeoutError:
+        _log.warning(
+            "sync processor abandoned after timeout; its thread runs on",
+            extra={"queue": job.queue, "job_id": job.id, "job": job.name},
+        )
+        raise JobTimeout(f"job ran longer than its {timeout_s:g} s timeout (abandoned)") from None

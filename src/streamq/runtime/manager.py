@@ -1,0 +1,258 @@
+"""WorkerManager: registers consumers and owns their lifecycle and connections.
+
+Example::
+
+    manager = WorkerManager(redis_url="redis://localhost:6379/0")
+    manager.register_app(app)            # or manager.register(lane, registration, options)
+    await manager.start()
+    ...
+    await manager.close_workers()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from streamq.app import App, Registration
+from streamq.contracts import Lane, QueueContract
+from streamq.errors import ConfigurationError, RegistrationError, UnsafeRedisConfig
+from streamq.hooks import Hooks
+from streamq.options import WorkerOptions
+from streamq.runtime.worker import Worker
+
+__all__ = ["WorkerManager"]
+
+_log = logging.getLogger("streamq.worker")
+
+
+def default_consumer_name() -> str:
+    """``<host>-<pid>-<random>``: unique per process, readable in XINFO."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class WorkerManager:
+    """Consumes registered queues: one :class:`Worker` per queue lane.
+
+    Args:
+        redis_url: where Redis is (``redis://`` or ``rediss://``; a cluster with
+            ``cluster=True``). The manager opens its own connections: fetch, settle and a
+            separate one for lock renewal.
+        cluster: connect with ``RedisCluster``; each shard is then read on its own.
+        prefix: key prefix shared with producers.
+        group: the consumer group name.
+        hooks: instrumentation (metrics, tracing, logs).
+        consumer_name: this process's consumer name (default ``<host>-<pid>-<rand>``).
+        allow_unsafe_eviction: start even when Redis's ``maxmemory-policy`` is not
+            ``noeviction`` (a warning is logged instead of ``UnsafeRedisConfig``).
+    """
+
+    def __init__(
+        self,
+        *,
+        redis_url: str,
+        cluster: bool = False,
+        prefix: str = "streamq",
+        group: str = "streamq",
+        hooks: Hooks | None = None,
+        consumer_name: str | None = None,
+        allow_unsafe_eviction: bool = False,
+    ) -> None:
+        self.redis_url = redis_url
+        self.cluster = cluster
+        self.prefix = prefix
+        self.group = group
+        self.hooks = hooks or Hooks()
+        self.consumer = consumer_name or default_consumer_name()
+        self.allow_unsafe_eviction = allow_unsafe_eviction
+        self._pending: dict[str, tuple[Lane, Registration, WorkerOptions]] = {}
+        self._workers: dict[str, Worker] = {}
+        self._clients: list[Any] = []
+        self._sync_clients: list[Any] = []
+        self.started = False
+        self.last_redis_ok = time.monotonic()
+
+    # -- registration ----------------------------------------------------------------------
+    def register(
+        self,
+        queue: Lane | type[QueueContract],
+        processor: Registration,
+        options: WorkerOptions | None = None,
+    ) -> None:
+        """Consume ``queue`` (a lane, or a contract's primary lane) with ``processor``.
+
+        Raises:
+            RegistrationError: the queue is already registered, or the manager started.
+        """
+        lane = queue.primary if isinstance(queue, type) else queue
+        if lane.name in self._pending:
+            raise RegistrationError(f"queue {lane.name!r} is already registered", queue=lane.name)
+        if self.started:
+            raise RegistrationError("register queues before start()", queue=lane.name)
+        if processor.contract is not lane.contract:
+            raise RegistrationError(
+                f"processor of queue {processor.contract.queue_name!r} cannot consume "
+                f"{lane.name!r}",
+                queue=lane.name,
+            )
+        self._pending[lane.name] = (lane, processor, options or processor.options)
+
+    def register_app(
+        self,
+        app: App,
+        *,
+        queues: Iterable[str] | None = None,
+        overrides: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> list[str]:
+        """Register ``app``'s processors for ``queues`` (lane names; default: primary lanes).
+
+        ``overrides`` maps a lane name to option overrides (``{"ingestion": {"concurrency":
+        50}}``). Returns the registered lane names.
+        """
+        names = list(queues) if queues is not None else [
+            r.contract.primary.name for r in app.registrations.values()
+        ]
+        for name in names:
+            reg = app.registration(name)
+            if reg is None:
+                raise RegistrationError(f"no processor is registered for queue {name!r}",
+                                        queue=name)
+            lane = next(lane for lane in reg.contract.lanes() if lane.name == name)
+            opts = reg.options.merged(**dict((overrides or {}).get(name, {})))
+            self.register(lane, reg, opts)
+        return names
+
+    def registered_queue_names(self) -> list[str]:
+        """Lane names registered, in registration order."""
+        return list(self._pending)
+
+    def get_worker(self, name: str) -> Worker | None:
+        """The running worker of lane ``name`` (None before start or when not registered)."""
+        return self._workers.get(name)
+
+    @property
+    def workers(self) -> list[Worker]:
+        return list(self._workers.values())
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _async_client(self, socket_timeout: float | None) -> Any:
+        kw: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": 5}
+        client = (
+            aioredis.RedisCluster.from_url(self.redis_url, **kw)
+            if self.cluster
+            else aioredis.Redis.from_url(self.redis_url, health_check_interval=15, **kw)
+        )
+        self._clients.append(client)
+        return client
+
+    def _sync_client(self) -> Any:
+        kw: dict[str, Any] = {"socket_timeout": 5, "socket_connect_timeout": 5}
+        client = (
+            redis.RedisCluster.from_url(self.redis_url, **kw)
+            if self.cluster
+            else redis.Redis.from_url(self.redis_url, **kw)
+        )
+        self._sync_clients.append(client)
+        return client
+
+    async def check_redis(self, client: Any) -> None:
+        """Refuse a Redis whose eviction policy could silently drop queue keys."""
+        try:
+            cfg = await client.config_get("maxmemory-policy")
+        except Exception as exc:
+            _log.warning("cannot read maxmemory-policy; make sure it is noeviction",
+                         extra={"error": repr(exc)})
+            return
+        values = cfg.values() if isinstance(cfg, dict) else []
+        policy = next(iter(values), b"noeviction")
+        policy = policy.decode() if isinstance(policy, bytes) else str(policy)
+        if policy != "noeviction":
+            msg = (
+                f"Redis maxmemory-policy is {policy!r}: under memory pressure Redis may evict "
+                "queue keys and lose jobs. Set it to 'noeviction'"
+            )
+            if not self.allow_unsafe_eviction:
+                raise UnsafeRedisConfig(msg + " (or pass allow_unsafe_eviction=True).")
+            _log.warning(msg + "; starting anyway as allowed.")
+
+    async def start(self) -> None:
+        """Connect, check Redis, create groups and start every registered worker."""
+        if self.started:
+            return
+        if not self._pending:
+            raise ConfigurationError("no queue registered: nothing to consume")
+        client = self._async_client(socket_timeout=10)
+        await self.check_redis(client)
+        for name, (lane, reg, opts) in self._pending.items():
+            fetch = self._async_client(socket_timeout=opts.block_timeout_ms / 1000 + 5)
+            self._workers[name] = Worker(
+                lane=lane,
+                registration=reg,
+                options=opts,
+                client=client,
+                fetch_client=fetch,
+                renew_client=self._sync_client(),
+                prefix=self.prefix,
+                group=self.group,
+                consumer=self.consumer,
+                hooks=self.hooks,
+                cluster=self.cluster,
+            )
+        self.started = True
+        for w in self._workers.values():
+            await w.start()
+        _log.info("worker started", extra={"consumer": self.consumer,
+                                           "queues": list(self._workers)})
+
+    async def close_workers(self, timeout_s: float | None = None) -> None:
+        """Graceful shutdown of every worker (see :meth:`Worker.close`), then disconnect."""
+        await asyncio.gather(*(w.close(timeout_s) for w in self._workers.values()))
+        for c in self._clients:
+            await c.aclose()
+        for c in self._sync_clients:
+            c.close()
+        self._clients.clear()
+        self._sync_clients.clear()
+
+    async def __aenter__(self) -> WorkerManager:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close_workers()
+
+    async def queue_idle(self, w: Worker) -> bool:
+        """True when the lane has nothing ready, running or delayed, here or in Redis."""
+        if not w.local_idle():
+            return False
+        pipe = w.client.pipeline(transaction=False)
+        for s in w.shards:
+            pipe.xlen(s.stream)
+            pipe.zcard(s.delayed)
+        counts = await pipe.execute()
+        return not any(counts)
+
+    async def run_until_idle(self, timeout_s: float = 10.0) -> None:
+        """Wait until every registered lane is idle (nothing ready, delayed or running).
+
+        Raises:
+            TimeoutError: not idle within ``timeout_s``; the message says what is left.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            idle = [await self.queue_idle(w) for w in self._workers.values()]
+            if all(idle):
+                return
+            if time.monotonic() > deadline:
+                left = {w.name: w.stats() for w in self._workers.values()}
+                raise TimeoutError(f"queues not idle after {timeout_s} s: {left}")
+            await asyncio.sleep(0.02)
