@@ -135,3 +135,18 @@ async def wait_idle(
 
 
 FIELDS = list(FIELD_NAMES)
+
+
+async def delivered(r: Any, sk: ShardKeys, consumer: str, *job_ids: str) -> list[Entry]:
+    """A fresh group, ``job_ids`` enqueued and read by ``consumer``: entries pending for it."""
+    await make_group(r, sk)
+    await enqueue(r, sk, *job_ids)
+    entries = await read(r, sk, consumer)
+    assert [e.fields["id"] for e in entries] == list(job_ids)
+    return entries
+
+
+async def steal(r: Any, sk: ShardKeys, consumer: str) -> list[str]:
+    """Another worker reclaims every pending entry (as after a lock expiry)."""
+    page = await run1(r, ops.reclaim(sk, GROUP, consumer, min_idle_ms=0, max_stalled_count=10))
+    return [e.entry_id for e in page.entries]

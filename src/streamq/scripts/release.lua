@@ -1,6 +1,8 @@
 -- release: hand unfinished entries back at shutdown, fenced on ownership.
 -- Each owned entry is re-added at the tail with the same fields (attempt unchanged), then
 -- acknowledged and deleted, so another worker takes it at once instead of after lock expiry.
+-- An owned entry whose body was deleted while pending (a trim) is left pending: the reclaimer
+-- records it as a lost payload; acking it here would drop it without a trace.
 --
 -- KEYS[1]  stream
 -- ARGV[1]  group    ARGV[2]  consumer    ARGV[3..]  entry ids
@@ -18,9 +20,9 @@ for i = 3, #ARGV do
         fields[2] = id_ms(id)
       end
       redis.call('XADD', stream, '*', unpack(fields))
+      redis.call('XACK', stream, group, id)
+      redis.call('XDEL', stream, id)
     end
-    redis.call('XACK', stream, group, id)
-    redis.call('XDEL', stream, id)
   else
     lost[#lost + 1] = id
   end
