@@ -1,0 +1,127 @@
+"""promote.lua: due delayed jobs move to the stream, oldest first, bounded, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from streamq import ops
+from streamq._redis import run_calls
+from tests.scripts.helpers import item, run1, server_ms, shard, wait_until, xrange
+
+
+async def _delayed(r, sk, due_ms: dict[str, int]) -> None:
+    """Enqueue delayed jobs through the script, then pin their due times (past or future)."""
+    items = [item(j, delay_ms=3_600_000) for j in due_ms]
+    assert all(await run1(r, ops.enqueue(sk, items, dedup_window_ms=1)))
+    await r.zadd(sk.delayed, due_ms, xx=True)
+
+
+async def test_only_due_jobs_move_oldest_first_with_due_set_to_their_score(aredis, prefix):
+    sk = shard(prefix)
+    now = await server_ms(aredis)
+    await _delayed(
+        aredis,
+        sk,
+        {"late": now - 1_000, "later": now - 10, "first": now - 5_000, "future": now + 60_000},
+    )
+
+    result = await run1(aredis, ops.promote(sk))
+
+    assert result.moved == 3
+    assert result.next_due_ms == now + 60_000
+    assert now <= result.now_ms <= await server_ms(aredis)
+    entries = await xrange(aredis, sk.stream)
+    assert [e.fields["id"] for e in entries] == ["first", "late", "later"]
+    assert [int(e.fields["due"]) for e in entries] == [now - 5_000, now - 1_000, now - 10]
+    assert await aredis.zrange(sk.delayed, 0, -1) == [b"future"]
+    assert await aredis.hkeys(sk.jobs) == [b"future"]
+
+
+async def test_promote_is_bounded_by_its_limit_and_reports_the_next_due_time(aredis, prefix):
+    sk = shard(prefix)
+    now = await server_ms(aredis)
+    await _delayed(aredis, sk, {f"j{i}": now - 1_000 + i for i in range(5)})
+
+    result = await run1(aredis, ops.promote(sk, limit=2))
+
+    assert result.moved == 2
+    assert result.next_due_ms == now - 1_000 + 2  # already due: the caller should go again
+    assert [e.fields["id"] for e in await xrange(aredis, sk.stream)] == ["j0", "j1"]
+    assert await aredis.zcard(sk.delayed) == 3
+
+
+async def test_promote_with_nothing_delayed_moves_nothing_and_reports_no_next_due(aredis, prefix):
+    sk = shard(prefix)
+    result = await run1(aredis, ops.promote(sk))
+    assert (result.moved, result.next_due_ms) == (0, None)
+    assert await aredis.exists(sk.stream) == 0
+
+
+async def test_job_with_a_future_due_time_is_not_moved(aredis, prefix):
+    sk = shard(prefix)
+    assert await run1(aredis, ops.enqueue(sk, [item("soon", delay_ms=60_000)], dedup_window_ms=1))
+    due = int(await aredis.zscore(sk.delayed, "soon"))
+
+    result = await run1(aredis, ops.promote(sk))
+    assert (result.moved, result.next_due_ms) == (0, due)
+    assert await aredis.xlen(sk.stream) == 0
+
+
+async def test_a_delayed_job_becomes_ready_once_the_server_clock_passes_its_due_time(
+    aredis, prefix
+):
+    sk = shard(prefix)
+    assert await run1(aredis, ops.enqueue(sk, [item("d", delay_ms=40)], dedup_window_ms=1))
+    due = int(await aredis.zscore(sk.delayed, "d"))
+
+    async def promoted() -> bool:
+        result = await run1(aredis, ops.promote(sk))
+        assert result.moved == 1 or result.now_ms < due  # never before its due time
+        return result.moved == 1
+
+    await wait_until(promoted, what="the delayed job to be promoted")
+    (e,) = await xrange(aredis, sk.stream)
+    assert int(e.fields["due"]) == due
+
+
+async def test_orphan_zset_member_without_a_stored_job_is_dropped_not_counted(aredis, prefix):
+    sk = shard(prefix)
+    await aredis.zadd(sk.delayed, {"ghost": 1})
+    result = await run1(aredis, ops.promote(sk))
+    assert result.moved == 0
+    assert await aredis.zcard(sk.delayed) == 0
+    assert await aredis.exists(sk.stream) == 0
+
+
+async def test_racing_promoters_move_each_due_job_exactly_once_and_never_a_future_one(
+    redis_server, prefix
+):
+    clients = [aioredis.Redis(port=redis_server.port) for _ in range(3)]
+    try:
+        r = clients[0]
+        sk = shard(prefix)
+        now = await server_ms(r)
+        due = {f"due{i}": now - 10_000 + i for i in range(300)}
+        future = {f"fut{i}": now + 600_000 + i for i in range(40)}
+        await _delayed(r, sk, {**due, **future})
+
+        results = await asyncio.gather(
+            *(
+                run_calls(c, [ops.promote(sk, limit=7), ops.promote(sk, limit=5)])
+                for _ in range(20)
+                for c in clients
+            )
+        )
+
+        moved = sum(res.moved for pair in results for res in pair)
+        assert moved == len(due)
+        ids = [e.fields["id"] for e in await xrange(r, sk.stream)]
+        assert sorted(ids) == sorted(due)  # each due job once, no future job
+        assert ids == sorted(due, key=due.__getitem__)  # oldest first across all callers
+        assert sorted(m.decode() for m in await r.zrange(sk.delayed, 0, -1)) == sorted(future)
+        assert await r.hlen(sk.jobs) == len(future)
+    finally:
+        for c in clients:
+            await c.aclose()
