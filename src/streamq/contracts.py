@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, get_args
 
 from pydantic import BaseModel
 
@@ -88,11 +88,13 @@ class JobSpec(Generic[P]):
         _check_name("job", name)
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise ContractError(f"job {name!r}: payload model must be a pydantic BaseModel")
-        if model.model_config.get("extra") == "forbid":
+        forbidding = _models_forbidding_extra(model)
+        if forbidding:
             raise ContractError(
-                f"job {name!r}: payload model {model.__name__} forbids extra fields; a newer "
-                "producer's additive fields would then poison older workers. Use the default "
-                "extra='ignore'."
+                f"job {name!r}: payload model {forbidding[0].__name__} forbids extra fields; a "
+                "newer producer's additive fields would then poison older workers. Use the "
+                "default extra='ignore'.",
+                job=name,
             )
         self.name = name
         self.model: type[P] = model
@@ -101,6 +103,25 @@ class JobSpec(Generic[P]):
     def __repr__(self) -> str:
         q = self.queue.queue_name if self.queue else "?"
         return f"JobSpec({q}/{self.name}, {self.model.__name__})"
+
+
+def _models_forbidding_extra(model: type[BaseModel]) -> list[type[BaseModel]]:
+    """``model`` and the models nested in its fields (any depth) that set extra='forbid'."""
+    found: list[type[BaseModel]] = []
+    seen: set[type[BaseModel]] = set()
+    todo: list[Any] = [model]
+    while todo:
+        t = todo.pop()
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            if t in seen:
+                continue
+            seen.add(t)
+            if t.model_config.get("extra") == "forbid":
+                found.append(t)
+            todo.extend(f.annotation for f in t.model_fields.values())
+        else:
+            todo.extend(get_args(t))
+    return found
 
 
 def job(name: str, model: type[P]) -> JobSpec[P]:
@@ -161,7 +182,7 @@ class QueueContract:
         super().__init_subclass__(**kwargs)
         _check_name("queue", name)
         for what, n in (("shards", shards), ("secondary_shards", secondary_shards)):
-            if n is not None and (not isinstance(n, int) or n < 1):
+            if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
                 raise ContractError(f"queue {name!r}: {what} must be an integer >= 1, got {n!r}")
         jobs: dict[str, JobSpec[Any]] = {}
         for attr, value in vars(cls).items():
@@ -176,10 +197,11 @@ class QueueContract:
                         f"{value.queue.queue_name!r}",
                         queue=name,
                     )
-                value.queue = cls
                 jobs[value.name] = value
         if not jobs:
             raise ContractError(f"queue {name!r} declares no jobs", queue=name)
+        if defaults is not None and not isinstance(defaults, JobDefaults):
+            raise ContractError(f"queue {name!r}: defaults must be a JobDefaults", queue=name)
         cls.queue_name = name
         cls.shards = shards
         cls.secondary_shards = secondary_shards
@@ -195,6 +217,9 @@ class QueueContract:
         )
         for spec in jobs.values():
             _check_fields(cls, spec)
+        # Bind only once every check passed: a refused declaration leaves its specs unowned.
+        for spec in jobs.values():
+            spec.queue = cls
 
     @classmethod
     def lanes(cls) -> tuple[Lane, ...]:
@@ -231,6 +256,7 @@ class ContractSet:
 
     def __init__(self, *contracts: type[QueueContract]) -> None:
         self._by_name: dict[str, type[QueueContract]] = {}
+        shard_owner: dict[str, str] = {}
         for c in contracts:
             if not (isinstance(c, type) and issubclass(c, QueueContract)):
                 raise ContractError(f"{c!r} is not a QueueContract subclass")
@@ -240,6 +266,17 @@ class ContractSet:
                         f"queue name {lane.name!r} is declared twice", queue=lane.name
                     )
                 self._by_name[lane.name] = c
+            # Shard names label metrics, logs and admin commands: two shards with one name
+            # (shard 1 of 'a' is 'a-1', as is shard 0 of a queue 'a-1') cannot be told apart.
+            for lane in c.lanes():
+                for shard in lane.shard_names():
+                    if shard in shard_owner:
+                        raise ContractError(
+                            f"shard name {shard!r} of queue {lane.name!r} is also a shard of "
+                            f"queue {shard_owner[shard]!r}",
+                            queue=lane.name,
+                        )
+                    shard_owner[shard] = lane.name
 
     def __iter__(self) -> Iterator[type[QueueContract]]:
         seen: list[type[QueueContract]] = []
