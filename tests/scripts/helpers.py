@@ -141,7 +141,7 @@ async def delivered(r: Any, sk: ShardKeys, consumer: str, *job_ids: str) -> list
     """A fresh group, ``job_ids`` enqueued and read by ``consumer``: entries pending for it."""
     await make_group(r, sk)
     await enqueue(r, sk, *job_ids)
-    entries = await read(r, sk, consumer)
+    entries = await read(r, sk, consumer, count=len(job_ids))
     assert [e.fields["id"] for e in entries] == list(job_ids)
     return entries
 

