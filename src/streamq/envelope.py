@@ -8,6 +8,7 @@ stream node. The payload is the job model's JSON; the rest are short strings.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -114,30 +115,88 @@ class RawJob:
         return encode_fields(**kw)
 
 
-def decode_entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> RawJob:
-    """Decode one stream entry. Missing or malformed fields raise ``InvalidPayload``."""
-    eid = _s(entry_id)
+def _b(v: Any) -> bytes:
+    return v if isinstance(v, bytes) else str(v).encode("utf-8")
+
+
+def _field(fields: Mapping[Any, Any], name: str) -> bytes | None:
+    v = fields.get(name.encode())
+    if v is None:
+        v = fields.get(name)
+    return None if v is None else _b(v)
+
+
+def _malformed(eid: str, job_id: str | None, name: str, problem: str) -> InvalidPayload:
+    return InvalidPayload(
+        f"stream entry {eid} is not a streamq job envelope: field {name!r} {problem}",
+        job_id=job_id,
+        fields=[name],
+    )
+
+
+def _int_field(eid: str, job_id: str | None, name: str, raw: bytes | None) -> int:
+    if raw is None:
+        raise _malformed(eid, job_id, name, "is missing")
     try:
-        due = fields.get(b"due") or b""
-        baggage = fields.get(b"baggage") or b""
-        trace = fields.get(b"trace") or b""
-        return RawJob(
-            entry_id=eid,
-            id=_s(fields[b"id"]),
-            name=_s(fields[b"name"]),
-            timestamp_ms=int(fields[b"ts"]),
-            attempt=int(fields.get(b"attempt") or b"1"),
-            payload_json=fields[b"payload"],
-            due_ms=int(due) if due else int(eid.split("-", 1)[0]),
-            retry_baggage=json.loads(baggage) if baggage else None,
-            trace_context=json.loads(trace) if trace else None,
-            fields=fields,
-        )
-    except (KeyError, ValueError, TypeError) as exc:
-        raise InvalidPayload(
-            f"stream entry {eid} is not a streamq job envelope: {exc!r}",
-            job_id=_s(fields.get(b"id")) or None,
-        ) from exc
+        return int(raw)
+    except ValueError:
+        raise _malformed(eid, job_id, name, f"is not an integer: {raw[:40]!r}") from None
+
+
+def _json_field(eid: str, job_id: str | None, name: str, raw: bytes | None) -> Any:
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise _malformed(eid, job_id, name, f"is not JSON: {raw[:40]!r}") from None
+    if not isinstance(value, dict):
+        raise _malformed(eid, job_id, name, "is not a JSON object")
+    return value
+
+
+def decode_entry(entry_id: bytes | str, fields: Mapping[Any, Any]) -> RawJob:
+    """Decode one stream entry. A missing or malformed field raises ``InvalidPayload``
+    naming it (in the message and in ``fields``).
+
+    Field names may be bytes or str (a client with ``decode_responses=True``).
+    """
+    eid = _s(entry_id)
+    norm = {n: _field(fields, n) for n in FIELD_NAMES}
+    text: dict[str, str] = {}
+    job_id: str | None = None
+    for n in ("id", "name"):
+        try:
+            text[n] = _s(norm[n])
+        except UnicodeDecodeError:
+            raise _malformed(eid, job_id, n, "is not UTF-8") from None
+        if not text[n]:
+            raise _malformed(eid, job_id, n, "is missing")
+        job_id = text["id"]
+    payload = norm["payload"]
+    if payload is None:
+        raise _malformed(eid, job_id, "payload", "is missing")
+    attempt = _int_field(eid, job_id, "attempt", norm["attempt"] or b"1")
+    if attempt < 1:
+        raise _malformed(eid, job_id, "attempt", f"must be >= 1, got {attempt}")
+    due = norm["due"]
+    if due:
+        due_ms = _int_field(eid, job_id, "due", due)
+    else:
+        # A job added ready has no due time: it was due when Redis stamped the entry id.
+        due_ms = _int_field(eid, job_id, "due", eid.split("-", 1)[0].encode())
+    return RawJob(
+        entry_id=eid,
+        id=text["id"],
+        name=text["name"],
+        timestamp_ms=_int_field(eid, job_id, "ts", norm["ts"]),
+        attempt=attempt,
+        payload_json=payload,
+        due_ms=due_ms,
+        retry_baggage=_json_field(eid, job_id, "baggage", norm["baggage"]),
+        trace_context=_json_field(eid, job_id, "trace", norm["trace"]),
+        fields={_b(k): _b(v) for k, v in fields.items()},
+    )
 
 
 def validation_fields(exc: ValidationError) -> list[str]:
@@ -152,7 +211,8 @@ class Envelope(Generic[P]):
     Attributes:
         id: the stable job id (caller-given or generated).
         name: the job name, as declared in the contract.
-        timestamp: first enqueue time, ms since the epoch (Redis clock).
+        timestamp: first enqueue time, ms since the epoch, on the producer's clock (the
+            due time and the stream entry id come from the Redis clock).
         payload: the validated payload model.
         attempt: the 1-based number of this attempt.
         retry_baggage: errors of earlier attempts (``{"errors": [...]}``), or None.
