@@ -22,6 +22,7 @@ __all__ = [
     "ReclaimPage",
     "ReclaimedEntry",
     "complete",
+    "dead_retry",
     "drop_consumer",
     "enqueue",
     "fail",
@@ -216,3 +217,16 @@ def limiter(
 def drop_consumer(shard: ShardKeys, group: str, consumer: str) -> Call:
     """Delete ``consumer`` from the group only if it has nothing pending. Reply: True if gone."""
     return Call(script("drop_consumer"), [shard.stream], [group, consumer], bool)
+
+
+def dead_retry(shard: ShardKeys, dead_ids: Sequence[str]) -> Call:
+    """Re-enqueue dead letters as fresh jobs (attempt 1, due now), removing them from ``dead``.
+
+    Reply: one int per id: 1 re-enqueued, 0 not found, -1 not a job (a lost payload; kept).
+    """
+    return Call(
+        script("dead_retry"),
+        [shard.stream, shard.dead],
+        [len(FIELD_NAMES), *FIELD_NAMES, *dead_ids],
+        lambda r: [int(x) for x in r],
+    )

@@ -16,6 +16,7 @@ __all__ = ["SCRIPT_NAMES", "Script", "script"]
 
 SCRIPT_NAMES = (
     "complete",
+    "dead_retry",
     "drop_consumer",
     "enqueue",
     "fail",
