@@ -1,6 +1,8 @@
 """streamq: a typed job queue and worker runtime on Redis Streams consumer groups."""
 
+from streamq.app import App, Registration
 from streamq.backoff import Backoff
+from streamq.compat import Change, assert_compatible, check_compatible, snapshot
 from streamq.contracts import ContractSet, JobDefaults, JobSpec, Lane, QueueContract, job
 from streamq.envelope import Envelope
 from streamq.errors import (
@@ -23,12 +25,17 @@ from streamq.errors import (
     UnsafeRedisConfig,
 )
 from streamq.hooks import CompositeHooks, Hooks, JobInfo
+from streamq.job import Job
+from streamq.options import Limiter, WorkerOptions
 from streamq.producer import JobRequest, Queue, SyncQueue
+from streamq.runtime import Worker, WorkerManager
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "Backoff",
+    "Change",
     "CompositeHooks",
     "ConfigurationError",
     "ContractError",
@@ -37,6 +44,7 @@ __all__ = [
     "Hooks",
     "IncompatibleContract",
     "InvalidPayload",
+    "Job",
     "JobControl",
     "JobDefaults",
     "JobInfo",
@@ -44,6 +52,7 @@ __all__ = [
     "JobSpec",
     "JobTimeout",
     "Lane",
+    "Limiter",
     "PayloadError",
     "PayloadTooLarge",
     "PermanentError",
@@ -52,12 +61,19 @@ __all__ = [
     "RateLimited",
     "RedisOutOfMemory",
     "RedisUnavailable",
+    "Registration",
     "RegistrationError",
     "Retry",
     "StreamqError",
     "SyncQueue",
     "UnknownJob",
     "UnsafeRedisConfig",
+    "Worker",
+    "WorkerManager",
+    "WorkerOptions",
     "__version__",
+    "assert_compatible",
+    "check_compatible",
     "job",
+    "snapshot",
 ]
