@@ -251,3 +251,10 @@ async def test_redis_62_settle_scripts_run(r62, prefix):
     assert await run1(r62, ops.renew(sk, GROUP, "w2", [b.id])) == [b.id]
     assert await run1(r62, ops.release(sk, GROUP, "w1", [b.id])) == []
     assert await r62.xlen(sk.stream) == 1
+    assert await run1(r62, ops.drop_consumer(sk, GROUP, "w1")) is True
+    (c,) = await read(r62, sk, "w2")
+    assert await run1(r62, ops.drop_consumer(sk, GROUP, "w2")) is False
+    assert await run1(
+        r62, ops.fail(sk, GROUP, "w2", entry_id=c.id, dead_fields=["a", "b"], dead_cap=5)
+    )
+    assert await r62.xlen(sk.dead) == 1
