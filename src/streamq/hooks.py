@@ -41,6 +41,9 @@ class JobInfo:
     tenant: str | None = None
     trace_context: dict[str, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    secret_values: frozenset[str] = frozenset()
+    """Values of the payload's secret fields (the contract's ``secret_fields``), so adapters
+    can scrub them from error text. Never emit them."""
 
 
 class Hooks:
@@ -103,6 +106,29 @@ class Hooks:
 
     def redis_error(self, queue: str | None, error: BaseException) -> None:
         """A Redis call of the runtime failed (it will back off and retry)."""
+
+    def consumer_started(
+        self, queue: str, shards: Sequence[str], job_names: Sequence[str]
+    ) -> None:
+        """This process started consuming ``queue``; adapters may pre-create its series."""
+
+    # -- observability poller (streamq.observe) --------------------------------------------
+    def queue_depth(
+        self,
+        queue: str,
+        shard: str,
+        *,
+        ready: int,
+        delayed: int,
+        in_flight: int,
+        dead: int,
+        oldest_ready_age_s: float,
+        consumers: int,
+    ) -> None:
+        """A depth reading of one shard (``shard="all"``: the queue's aggregate)."""
+
+    def event_loop_lag(self, lag_s: float) -> None:
+        """How late a timer of this process's event loop fired."""
 
 
 class CompositeHooks(Hooks):

@@ -28,6 +28,7 @@ from streamq.errors import InvalidPayload, JobTimeout, PermanentError, Retry
 from streamq.hooks import JobInfo
 from streamq.job import Job
 from streamq.keys import ShardKeys
+from streamq.redact import secret_values
 from streamq.runtime.execute import run_processor
 from streamq.runtime.settle import SettleOp
 
@@ -155,6 +156,10 @@ async def _run(w: Worker, shard: ShardKeys, raw: RawJob, env: Envelope[Any], han
         wait_ms=max(0.0, w.server_now_ms() - raw.due_ms),
         tenant=tenant,
         trace_context=raw.trace_context,
+        secret_values=(
+            secret_values(raw.payload_json, w.contract.secret_fields)
+            if w.contract.secret_fields else frozenset()
+        ),
     )
     job: Job[Any] = Job(
         id=raw.id, name=raw.name, queue=w.lane.name, shard=shard.name, payload=env.payload,

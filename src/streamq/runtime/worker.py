@@ -115,6 +115,9 @@ class Worker:
         await self.ensure_groups()
         await maintenance.sync_clock(self)
         self.renewer.start()
+        self.hooks.consumer_started(
+            self.name, [s.name for s in self.shards], list(self.contract.jobs)
+        )
         spawn = self._loop.create_task
         self._service = [
             spawn(self.settler.run(), name=f"settle-{self.name}"),
