@@ -94,7 +94,9 @@ class _Batch:
     def queue_on(self, pipe: Any) -> None:
         for i in self.todo:
             c = self.calls[i]
-            pipe.evalsha(c.script.sha, len(c.keys), *c.keys, *c.args)
+            # Not pipe.evalsha(): redis-py's ClusterPipeline blocks that method, while the raw
+            # command is routed by its keys like any other (all of a call's keys share a slot).
+            pipe.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
 
     def absorb(self, out: Sequence[Any]) -> set[Script]:
         """Record replies; return the scripts to load before the missing calls run again."""
