@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import itertools
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from streamq import ops
 from streamq._redis import Call, run_calls, run_calls_sync
 from streamq.contracts import JobSpec, Lane, QueueContract
-from streamq.envelope import encode_fields, validation_fields
+from streamq.envelope import FIELD_NAMES, encode_fields, validation_fields
 from streamq.errors import (
     ConfigurationError,
     InvalidPayload,
@@ -45,6 +46,9 @@ C = TypeVar("C", bound=QueueContract)
 
 DEFAULT_PREFIX = "streamq"
 BULK_BATCH = 500
+"""The most jobs :meth:`Queue.add_bulk` sends in one pipelined round trip."""
+BULK_BATCH_BYTES = 8 * 1024 * 1024
+"""...and the most payload bytes: a batch of big payloads must not build one huge request."""
 
 SecondaryRule = Callable[[JobSpec[Any], BaseModel], bool]
 
@@ -106,11 +110,20 @@ class _Planner:
         assert lane is not None
         self.default_lane: Lane = lane
         self.hooks = hooks or Hooks()
+        if max_payload_bytes is not None and (
+            not isinstance(max_payload_bytes, int) or max_payload_bytes < 1
+        ):
+            raise ConfigurationError(
+                f"max_payload_bytes must be an integer >= 1, got {max_payload_bytes!r}",
+                queue=contract.queue_name,
+            )
         self.max_payload_bytes = max_payload_bytes or contract.defaults.max_payload_bytes
         self._keys = {
             lane.name: QueueKeys(prefix, lane.name, lane.shards) for lane in contract.lanes()
         }
-        self._spread = itertools.count()
+        # Start the round-robin at a random shard: many short-lived producers (one Queue per
+        # request or per process) would otherwise all write their first job to shard 0.
+        self._spread = itertools.count(random.randrange(1 << 30))
 
     def keys(self, lane: Lane) -> QueueKeys:
         return self._keys[lane.name]
@@ -128,31 +141,58 @@ class _Planner:
             )
         return spec
 
-    def validate(self, spec: JobSpec[Any], payload: Any) -> BaseModel:
+    def _invalid(self, spec: JobSpec[Any], exc: ValidationError, what: str) -> InvalidPayload:
         queue = self.contract.queue_name
-        if isinstance(payload, spec.model):
-            return payload  # type: ignore[no-any-return]
-        if isinstance(payload, BaseModel):
-            self.hooks.enqueue_rejected(queue, spec.name, "invalid")
-            raise InvalidPayload(
-                f"queue {queue!r} job {spec.name!r}: expected a {spec.model.__name__} payload, "
-                f"got {type(payload).__name__}",
-                queue=queue,
-                job=spec.name,
-            )
+        self.hooks.enqueue_rejected(queue, spec.name, "invalid")
+        fields = validation_fields(exc)
+        return InvalidPayload(
+            f"queue {queue!r} job {spec.name!r}: {what}, field(s) {', '.join(fields)}: "
+            f"{exc.errors()[0]['msg']}",
+            queue=queue,
+            job=spec.name,
+            fields=fields,
+        )
+
+    def _wrong_model(self, spec: JobSpec[Any], payload: BaseModel) -> InvalidPayload:
+        queue = self.contract.queue_name
+        self.hooks.enqueue_rejected(queue, spec.name, "invalid")
+        # Name the fields the other model lacks or gets wrong, to point at the mix-up.
         try:
-            model: BaseModel = spec.model.model_validate(payload)
-            return model
+            spec.model.model_validate(payload.model_dump(by_alias=True))
+            fields: list[str] = []
         except ValidationError as exc:
-            self.hooks.enqueue_rejected(queue, spec.name, "invalid")
             fields = validation_fields(exc)
-            raise InvalidPayload(
-                f"queue {queue!r} job {spec.name!r}: invalid payload, field(s) "
-                f"{', '.join(fields)}: {exc.errors()[0]['msg']}",
-                queue=queue,
-                job=spec.name,
-                fields=fields,
-            ) from exc
+        detail = f" (fields that do not fit: {', '.join(fields)})" if fields else ""
+        return InvalidPayload(
+            f"queue {queue!r} job {spec.name!r}: expected a {spec.model.__name__} payload, "
+            f"got {type(payload).__name__}{detail}",
+            queue=queue,
+            job=spec.name,
+            fields=fields,
+        )
+
+    def encode_payload(self, spec: JobSpec[Any], payload: Any) -> tuple[BaseModel, bytes]:
+        """The validated model and the exact JSON bytes a worker will validate.
+
+        The JSON is validated again, as the worker will: a model built with
+        ``model_construct``, mutated after validation, or whose JSON does not survive a round
+        trip (a NaN float, an alias mismatch) is refused here instead of poisoning the queue.
+        """
+        if isinstance(payload, BaseModel) and not isinstance(payload, spec.model):
+            raise self._wrong_model(spec, payload)
+        if isinstance(payload, spec.model):
+            model: BaseModel = payload
+        else:
+            try:
+                model = spec.model.model_validate(payload)
+            except ValidationError as exc:
+                raise self._invalid(spec, exc, "invalid payload") from exc
+        data = model.model_dump_json(by_alias=True).encode("utf-8")
+        try:
+            spec.model.model_validate_json(data)
+        except ValidationError as exc:
+            raise self._invalid(spec, exc, "payload does not survive its JSON encoding") from exc
+        return model, data
 
     def prepare(
         self,
@@ -165,13 +205,13 @@ class _Planner:
         lane: Lane | None,
     ) -> _Prepared:
         spec = self.spec(job)
-        model = self.validate(spec, payload)
+        model, data = self.encode_payload(spec, payload)
+        delay_ms = delay_to_ms(delay)
         if lane is None:
             lane = self.default_lane
             if self.secondary_when is not None and self.secondary_when(spec, model):
                 lane = self.contract.secondary or lane
         assert lane is not None
-        data = model.model_dump_json().encode("utf-8")
         if len(data) > self.max_payload_bytes:
             self.hooks.enqueue_rejected(lane.name, spec.name, "too_large")
             raise PayloadTooLarge(
@@ -206,7 +246,7 @@ class _Planner:
                 payload_json=data,
                 trace_context=carrier,
             )
-        item = ops.EnqueueItem(jid, values, delay_to_ms(delay), given_id)
+        item = ops.EnqueueItem(jid, values, delay_ms, given_id)
         return _Prepared(lane, shard, spec, item)
 
     def calls(self, prepared: Sequence[_Prepared]) -> tuple[list[Call], list[list[int]]]:
@@ -311,10 +351,23 @@ class _BaseQueue(Generic[C]):
             lane=None,
         )
 
-    def _prepare_many(self, requests: Iterable[JobRequest[Any]]) -> list[_Prepared]:
-        return [
-            self._prepare(r.job, r.payload, r.job_id, r.delay, r.sharding_key) for r in requests
-        ]
+    def _prepare_many(self, requests: Iterable[JobRequest[Any]]) -> list[list[_Prepared]]:
+        """Every request validated and encoded, cut into batches of at most
+        :data:`BULK_BATCH` jobs and about :data:`BULK_BATCH_BYTES` payload bytes."""
+        batches: list[list[_Prepared]] = []
+        batch: list[_Prepared] = []
+        size = 0
+        for r in requests:
+            p = self._prepare(r.job, r.payload, r.job_id, r.delay, r.sharding_key)
+            n = len(p.item.values[FIELD_NAMES.index("payload")])
+            if batch and (len(batch) >= BULK_BATCH or size + n > BULK_BATCH_BYTES):
+                batches.append(batch)
+                batch, size = [], 0
+            batch.append(p)
+            size += n
+        if batch:
+            batches.append(batch)
+        return batches
 
 
 class Queue(_BaseQueue[C]):
@@ -380,12 +433,22 @@ class Queue(_BaseQueue[C]):
         return (await self._send(prepared))[0]
 
     async def add_bulk(self, requests: Iterable[JobRequest[Any]]) -> list[str]:
-        """Validate every job first, then enqueue them in one pipelined round trip per
-        batch of 500 (one script call per shard). Returns the job ids, in order."""
-        prepared = self._prepare_many(requests)
+        """Validate every job first, then enqueue them in one pipelined round trip per batch
+        (500 jobs or 8 MiB of payload), one script call per shard in the batch.
+
+        Returns the job ids, in request order. Each shard's part of a batch is atomic; the
+        whole call is not: if Redis fails midway, earlier batches (or other shards of the
+        failing batch) may be enqueued. Give ``job_id`` to make a retry of the call safe.
+
+        Example::
+
+            ids = await queue.add_bulk(
+                JobRequest(Ingestion.ingest_event, e, job_id=e.event_id) for e in events
+            )
+        """
         out: list[str] = []
-        for i in range(0, len(prepared), BULK_BATCH):
-            out.extend(await self._send(prepared[i : i + BULK_BATCH]))
+        for batch in self._prepare_many(requests):
+            out.extend(await self._send(batch))
         return out
 
     async def _send(self, prepared: list[_Prepared]) -> list[str]:
@@ -445,10 +508,9 @@ class SyncQueue(_BaseQueue[C]):
 
     def add_bulk(self, requests: Iterable[JobRequest[Any]]) -> list[str]:
         """Validate every job, then enqueue them pipelined; see :meth:`Queue.add_bulk`."""
-        prepared = self._prepare_many(requests)
         out: list[str] = []
-        for i in range(0, len(prepared), BULK_BATCH):
-            out.extend(self._send(prepared[i : i + BULK_BATCH]))
+        for batch in self._prepare_many(requests):
+            out.extend(self._send(batch))
         return out
 
     def _send(self, prepared: list[_Prepared]) -> list[str]:
