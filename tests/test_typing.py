@@ -1,0 +1,83 @@
+"""The producer is typed by its contract: mypy refuses another job's payload model."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+from mypy import api as mypy_api
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+HEADER = """\
+import redis
+import redis.asyncio as aioredis
+from pydantic import BaseModel
+
+from streamq import JobRequest, Queue, QueueContract, SyncQueue, job
+
+
+class A(BaseModel):
+    x: int
+
+
+class Wrong(BaseModel):
+    y: str
+
+
+class Spec(QueueContract, name="spec"):
+    a = job("a", A)
+"""
+
+GOOD = """
+async def produce(r: aioredis.Redis, s: redis.Redis) -> list[str]:
+    queue = Queue(Spec, r)
+    first: str = await queue.add(Spec.a, A(x=1))
+    await queue.for_key("k").add(Spec.a, {"x": 1}, job_id="j", delay=5)
+    await queue.add("a", A(x=2))
+    SyncQueue(Spec, s).add(Spec.a, A(x=3))
+    return [first, *await queue.add_bulk([JobRequest(Spec.a, A(x=4))])]
+"""
+
+BAD = """
+async def produce(r: aioredis.Redis, s: redis.Redis) -> None:
+    queue = Queue(Spec, r)
+    await queue.add(Spec.a, Wrong(y="no"))  # line A
+    SyncQueue(Spec, s).add(Spec.a, Wrong(y="no"))  # line B
+    await queue.for_key("k").add(Spec.a, Wrong(y="no"))  # line C
+    await queue.add(Spec.a, A(x=1), delay="soon")  # line D
+"""
+
+
+def error_lines(output: str, path: Path, about: str = "") -> set[int]:
+    # Match the file name only: with a warm cache mypy replays a module's errors under the
+    # path it had when first checked (an earlier run's tmp_path).
+    pattern = rf"^(?:.*/)?{re.escape(path.name)}:(\d+): error: .*{about}"
+    return {int(m.group(1)) for m in re.finditer(pattern, output, re.M)}
+
+
+def line_of(source: str, marker: str) -> int:
+    return next(i for i, line in enumerate(source.splitlines(), 1) if marker in line)
+
+
+def test_mypy_refuses_another_model_and_accepts_the_jobs_own(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    good_src = HEADER + textwrap.dedent(GOOD)
+    bad_src = HEADER + textwrap.dedent(BAD)
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text(good_src)
+    bad.write_text(bad_src)
+    config = tmp_path / "mypy.ini"
+    config.write_text(f"[mypy]\nstrict = True\nplugins = pydantic.mypy\nmypy_path = {SRC}\n")
+    # A cache kept across runs (pytest's own cache dir) keeps this test under a second.
+    cache = request.config.cache.mkdir("mypy-typing") if request.config.cache else tmp_path
+    out, err, _ = mypy_api.run(
+        ["--config-file", str(config), "--cache-dir", str(cache), str(good), str(bad)]
+    )
+    assert err == ""
+    assert error_lines(out, good) == set(), out
+    expected = {line_of(bad_src, f"# line {m}") for m in "ABCD"}
+    assert error_lines(out, bad, about='"add" of "(Sync)?Queue"') == expected, out
