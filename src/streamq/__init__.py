@@ -1,9 +1,11 @@
 """streamq: a typed job queue and worker runtime on Redis Streams consumer groups."""
 
+from streamq.admin import QueueAdmin, SyncQueueAdmin
 from streamq.app import App, Registration
 from streamq.backoff import Backoff
 from streamq.compat import Change, assert_compatible, check_compatible, snapshot
 from streamq.contracts import ContractSet, JobDefaults, JobSpec, Lane, QueueContract, job
+from streamq.deadletters import DeadLetter, DeadLetters, SyncDeadLetters
 from streamq.envelope import Envelope
 from streamq.errors import (
     ConfigurationError,
@@ -40,6 +42,8 @@ __all__ = [
     "ConfigurationError",
     "ContractError",
     "ContractSet",
+    "DeadLetter",
+    "DeadLetters",
     "Envelope",
     "Hooks",
     "IncompatibleContract",
@@ -57,6 +61,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "Queue",
+    "QueueAdmin",
     "QueueContract",
     "RateLimited",
     "RedisOutOfMemory",
@@ -65,7 +70,9 @@ __all__ = [
     "RegistrationError",
     "Retry",
     "StreamqError",
+    "SyncDeadLetters",
     "SyncQueue",
+    "SyncQueueAdmin",
     "UnknownJob",
     "UnsafeRedisConfig",
     "Worker",
