@@ -1,0 +1,165 @@
+"""``python -m worker``: run the consumers of a streamq app, configured from the environment.
+
+Example::
+
+    WORKER_APP=myapp.worker:app REDIS_URL=redis://localhost:6379/0 \\
+    QUEUE_CONSUMER_INGESTION_IS_ENABLED=true QUEUE_INGESTION_CONCURRENCY=50 \\
+    python -m worker
+
+Every variable is parsed and checked before anything connects; a bad one exits with code 2
+and a message naming it. SIGTERM or SIGINT shuts down gracefully (running jobs finish up to
+their queue's shutdown timeout, the rest are handed back) and exits 0; a second signal stops
+at once. Without ``REDIS_URL`` an embedded Redis is started (or reused) for local use. See
+``docs/configuration.md`` for every variable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+import redis
+
+from streamq.app import App
+from streamq.errors import ConfigurationError, StreamqError, UnsafeRedisConfig
+from streamq.observe import ObservabilityConfig, build_hooks, start
+from streamq.runtime.manager import WorkerManager
+from worker.logs import configure_logging
+from worker.settings import Settings, SettingsError, load_settings, worker_overrides
+
+__all__ = ["main", "run"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+_log = logging.getLogger("streamq.worker.main")
+
+
+def _redis_url(settings: Settings) -> str:
+    if settings.redis_url is not None:
+        return settings.redis_url
+    from streamq.embedded import ensure
+
+    try:
+        server = ensure(settings.data_dir, port=settings.embedded_port)
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"REDIS_URL is not set, so an embedded Redis was to be used, but: {exc} "
+            "(STREAMQ_DATA_DIR, STREAMQ_EMBEDDED_PORT)"
+        ) from exc
+    _log.info(
+        "REDIS_URL is not set: using an embedded Redis for local use"
+        f" ({'started' if server.started else 'already running'}) at {server.url};"
+        " producers on this machine reach it at the same URL. Set REDIS_URL in production.",
+        extra={"redis_url": server.url, "data_dir": str(server.data_dir), "pid": server.pid,
+               "started": server.started},
+    )
+    return server.url
+
+
+async def run(settings: Settings, app: App, *, stop: asyncio.Event | None = None) -> int:
+    """Consume the enabled queues until ``stop`` is set (or SIGTERM/SIGINT). Returns the exit
+    code."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    signals = 0
+
+    def on_signal(signame: str) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            _log.info("shutting down gracefully; send the signal again to stop at once",
+                      extra={"signal": signame})
+            stop.set()
+        elif main_task is not None:
+            _log.warning("second signal: stopping now; unfinished jobs are reclaimed after "
+                         "their lock expires", extra={"signal": signame})
+            main_task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+
+    obs_config = ObservabilityConfig(
+        metrics_port=settings.metrics_port,
+        host=settings.metrics_host,
+        liveness_redis_timeout_s=settings.liveness_redis_timeout_s,
+        liveness_wedge_timeout_s=settings.liveness_wedge_timeout_s,
+    )
+    url = await asyncio.to_thread(_redis_url, settings)
+    manager = WorkerManager(
+        redis_url=url,
+        cluster=settings.redis_cluster,
+        prefix=settings.redis_prefix,
+        group=settings.worker_group,
+        hooks=build_hooks(obs_config),
+        allow_unsafe_eviction=settings.allow_unsafe_eviction,
+    )
+    manager.register_app(app, queues=settings.queues,
+                         overrides=worker_overrides(settings, app))
+    server = None
+    try:
+        await manager.start()
+        server = await start(manager, obs_config)
+        _log.info("consuming", extra={"queues": list(settings.queues),
+                                      "prefix": settings.redis_prefix,
+                                      "group": settings.worker_group,
+                                      "metrics_port": settings.metrics_port})
+        await stop.wait()
+    finally:
+        if server is not None:
+            await server.close()
+        await manager.close_workers()
+        _log.info("stopped")
+    return EXIT_OK
+
+
+def _where(settings: Settings) -> str:
+    """Where Redis is, without the password a URL may carry."""
+    if settings.redis_url is None:
+        return f"the embedded Redis (127.0.0.1:{settings.embedded_port})"
+    parts = urlsplit(settings.redis_url)
+    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}"
+
+
+def main(env: Mapping[str, str] | None = None) -> int:
+    """Parse the environment, then run; the process's exit code."""
+    env = os.environ if env is None else env
+    try:
+        settings, app = load_settings(env)
+    except SettingsError as exc:
+        print(f"python -m worker: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(settings.log_format, settings.log_level)
+    try:
+        return asyncio.run(run(settings, app))
+    except asyncio.CancelledError:
+        return EXIT_FAILED
+    except UnsafeRedisConfig as exc:
+        _log.error("cannot start: %s (ALLOW_UNSAFE_EVICTION=true starts anyway)", exc)
+        return EXIT_USAGE
+    except ConfigurationError as exc:
+        _log.error("cannot start: %s", exc)
+        return EXIT_USAGE
+    except redis.ConnectionError as exc:
+        where = _where(settings)
+        _log.error("cannot reach Redis at %s: %s", where, exc)
+        return EXIT_FAILED
+    except StreamqError as exc:
+        _log.error("worker failed: %s", exc, extra={"error_type": type(exc).__name__})
+        return EXIT_FAILED
+    except Exception as exc:
+        _log.exception("worker failed", extra={"error_type": type(exc).__name__})
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,418 @@
+"""Every setting of ``python -m worker``, parsed up front into one frozen object.
+
+Only :func:`worker.__main__.main` reads ``os.environ``; everything here takes a mapping, so
+tests pass plain dicts. Parsing collects every problem before it fails, and each message names
+its variable. ``docs/configuration.md`` lists every variable.
+
+Example::
+
+    app = load_app("examples.ingestion.app:app")
+    settings = parse_settings(os.environ, lanes=app.lane_names())
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from streamq.app import App
+from streamq.errors import ConfigurationError
+from streamq.options import Limiter
+
+__all__ = [
+    "QUEUE_OPTIONS",
+    "QueueOverrides",
+    "Settings",
+    "SettingsError",
+    "enable_flag",
+    "env_name",
+    "load_app",
+    "load_settings",
+    "option_variable",
+    "parse_settings",
+    "worker_overrides",
+]
+
+LogFormat = Literal["json", "text", "auto"]
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_FLAG_RE = re.compile(r"^QUEUE_CONSUMER_(?P<lane>.+)_IS_ENABLED$")
+
+DEFAULT_EMBEDDED_PORT = 6390
+
+
+class SettingsError(ConfigurationError):
+    """Raised when environment settings are missing, malformed or unknown.
+
+    Attributes:
+        problems: ``(variable, message)`` pairs, one per problem found.
+    """
+
+    def __init__(self, problems: Sequence[tuple[str, str]]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  {var}: {msg}" for var, msg in self.problems)
+        super().__init__(f"invalid worker settings:\n{lines}")
+
+    @property
+    def variables(self) -> list[str]:
+        return [var for var, _ in self.problems]
+
+
+# -- value parsers: each returns the value or raises ValueError with a short reason ---------
+def parse_bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError(f"expected true/false/1/0/yes/no, got {raw!r}")
+
+
+def _int(raw: str, minimum: int, maximum: int | None = None) -> int:
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {raw!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise ValueError(f"expected an integer {bound}, got {value}")
+    return value
+
+
+def _seconds(raw: str, *, positive: bool = True) -> float:
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ValueError(f"expected a number of seconds, got {raw!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"expected a finite number of seconds, got {raw!r}")
+    if value < 0 or (positive and value == 0):
+        raise ValueError(f"expected a number of seconds {'> 0' if positive else '>= 0'}, "
+                         f"got {raw!r}")
+    return value
+
+
+def _optional_seconds(raw: str) -> float | None:
+    return None if raw.strip().lower() == "none" else _seconds(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOption:
+    """One ``QUEUE_<QUEUE>_<OPTION>`` override: the option field it sets and its parser."""
+
+    field: str
+    parse: Callable[[str], Any]
+    doc: str
+
+
+QUEUE_OPTIONS: dict[str, QueueOption] = {
+    "CONCURRENCY": QueueOption("concurrency", lambda r: _int(r, 1), "int >= 1"),
+    "LOCK_DURATION": QueueOption("lock_duration", _seconds, "seconds"),
+    "LOCK_RENEW_INTERVAL": QueueOption("lock_renew_interval", _seconds, "seconds"),
+    "STALLED_INTERVAL": QueueOption("stalled_interval", _seconds, "seconds"),
+    "MAX_STALLED_COUNT": QueueOption("max_stalled_count", lambda r: _int(r, 0), "int >= 0"),
+    "ATTEMPTS": QueueOption("attempts", lambda r: _int(r, 1), "int >= 1"),
+    "TIMEOUT": QueueOption("timeout", _optional_seconds, "seconds, or none"),
+    "SHUTDOWN_TIMEOUT": QueueOption(
+        "shutdown_timeout", lambda r: _seconds(r, positive=False), "seconds >= 0"
+    ),
+    "BLOCK_TIMEOUT": QueueOption("block_timeout", _seconds, "seconds"),
+    "PROMOTE_INTERVAL": QueueOption("promote_interval", _seconds, "seconds"),
+    "DEAD_LETTER_CAP": QueueOption("dead_letter_cap", lambda r: _int(r, 0), "int >= 0"),
+    "LIMITER_MAX": QueueOption("limiter_max", lambda r: _int(r, 0), "int >= 0 (0: no limit)"),
+    "LIMITER_DURATION": QueueOption("limiter_duration", _seconds, "seconds"),
+}
+"""``QUEUE_<QUEUE>_<OPTION>`` suffixes and the worker option each one sets."""
+
+
+def env_name(lane: str) -> str:
+    """A lane's name in variable names: upper-cased, ``-`` as ``_``."""
+    return lane.upper().replace("-", "_")
+
+
+def enable_flag(lane: str) -> str:
+    """The variable that enables a consumer for ``lane``."""
+    return f"QUEUE_CONSUMER_{env_name(lane)}_IS_ENABLED"
+
+
+def option_variable(lane: str, option: str) -> str:
+    """The variable of one override, e.g. ``QUEUE_INGESTION_CONCURRENCY``."""
+    return f"QUEUE_{env_name(lane)}_{option}"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOverrides:
+    """Option overrides of one lane, as given by ``QUEUE_<QUEUE>_<OPTION>`` variables.
+
+    ``values`` maps :class:`streamq.options.WorkerOptions` field names to parsed values, plus
+    ``limiter_max`` / ``limiter_duration``, which :meth:`worker_options` folds into a
+    ``Limiter``. ``variables`` maps each field back to its variable, for error messages.
+    """
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+    variables: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything ``python -m worker`` is configured with. Built by :func:`parse_settings`."""
+
+    app: str
+    redis_url: str | None
+    redis_prefix: str = "streamq"
+    redis_cluster: bool = False
+    worker_group: str = "streamq"
+    log_format: LogFormat = "auto"
+    log_level: str = "INFO"
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    allow_unsafe_eviction: bool = False
+    data_dir: Path = Path(".streamq")
+    embedded_port: int = DEFAULT_EMBEDDED_PORT
+    liveness_redis_timeout_s: float = 30.0
+    liveness_wedge_timeout_s: float = 60.0
+    queues: tuple[str, ...] = ()
+    overrides: Mapping[str, QueueOverrides] = field(default_factory=dict)
+
+    @property
+    def embedded(self) -> bool:
+        """True when no ``REDIS_URL`` is set: the worker uses a local embedded Redis."""
+        return self.redis_url is None
+
+
+class _Reader:
+    """Reads variables from a mapping, collecting problems instead of stopping at the first."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.problems: list[tuple[str, str]] = []
+
+    def get(self, name: str, parse: Callable[[str], Any], default: Any) -> Any:
+        raw = self.env.get(name)
+        if raw is None:
+            return default
+        if raw.strip() == "":
+            self.problems.append((name, "is set but empty; give a value or unset it"))
+            return default
+        try:
+            return parse(raw)
+        except ValueError as exc:
+            self.problems.append((name, str(exc)))
+            return default
+
+    def choice(self, name: str, choices: Sequence[str], default: str, *, upper: bool) -> str:
+        def parse(raw: str) -> str:
+            value = raw.strip().upper() if upper else raw.strip().lower()
+            if value not in choices:
+                raise ValueError(f"expected one of {', '.join(choices)}, got {raw!r}")
+            return value
+
+        result: str = self.get(name, parse, default)
+        return result
+
+
+def _match_lane(rest: str, lanes: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Every ``(lane, option)`` split of ``<LANE>_<OPTION>`` whose lane is known, longest
+    lane first (``INGESTION_SECONDARY_CONCURRENCY`` is the secondary lane's concurrency)."""
+    found = []
+    for env_lane, lane in sorted(lanes.items(), key=lambda kv: -len(kv[0])):
+        if rest.startswith(env_lane + "_"):
+            found.append((lane, rest[len(env_lane) + 1 :]))
+    return found
+
+
+def _queue_variables(
+    env: Mapping[str, str], lanes: Sequence[str], reader: _Reader
+) -> tuple[tuple[str, ...], dict[str, QueueOverrides]]:
+    by_env = {env_name(lane): lane for lane in lanes}
+    known = ", ".join(lanes) or "(none)"
+    enabled: list[str] = []
+    values: dict[str, dict[str, Any]] = {}
+    variables: dict[str, dict[str, str]] = {}
+    for name in sorted(k for k in env if k.startswith("QUEUE_")):
+        flag = _FLAG_RE.match(name)
+        if flag:
+            lane = by_env.get(flag["lane"])
+            if lane is None:
+                reader.problems.append(
+                    (name, f"unknown queue {flag['lane']!r}; queues with a processor: {known}")
+                )
+            elif reader.get(name, parse_bool, False):
+                enabled.append(lane)
+            continue
+        matches = _match_lane(name[len("QUEUE_") :], by_env)
+        if not matches:
+            reader.problems.append(
+                (name, f"unknown queue in variable name; queues with a processor: {known}")
+            )
+            continue
+        hit = next(((lane, opt) for lane, opt in matches if opt in QUEUE_OPTIONS), None)
+        if hit is None:
+            lane, opt = matches[0]
+            reader.problems.append(
+                (name, f"unknown option {opt!r} for queue {lane!r}; known options: "
+                       f"{', '.join(QUEUE_OPTIONS)}")
+            )
+            continue
+        lane, opt = hit
+        spec = QUEUE_OPTIONS[opt]
+        sentinel = object()
+        value = reader.get(name, spec.parse, sentinel)
+        if value is not sentinel:
+            values.setdefault(lane, {})[spec.field] = value
+            variables.setdefault(lane, {})[spec.field] = name
+    # Keep the app's lane order, so consumers start in a predictable order.
+    ordered = tuple(lane for lane in lanes if lane in enabled)
+    overrides = {
+        lane: QueueOverrides(values[lane], variables[lane]) for lane in values
+    }
+    return ordered, overrides
+
+
+def parse_settings(env: Mapping[str, str], *, lanes: Iterable[str]) -> Settings:
+    """Parse every setting from ``env``; ``lanes`` are the lane names that have a processor.
+
+    Raises:
+        SettingsError: a variable is missing, empty, malformed or unknown, or no queue is
+            enabled. The message names every variable at fault.
+    """
+    lanes = list(lanes)
+    r = _Reader(env)
+    app = r.get("WORKER_APP", str.strip, None)
+    if app is None and "WORKER_APP" not in env:
+        r.problems.append(("WORKER_APP", "is required, e.g. WORKER_APP=myapp.worker:app"))
+    redis_url = r.get("REDIS_URL", str.strip, None)
+    cluster = r.get("REDIS_CLUSTER", parse_bool, False)
+    if cluster and redis_url is None and "REDIS_URL" not in env:
+        r.problems.append(("REDIS_CLUSTER", "needs REDIS_URL (the embedded Redis is one node)"))
+    queues, overrides = _queue_variables(env, lanes, r)
+    settings = Settings(
+        app=app or "",
+        redis_url=redis_url,
+        redis_prefix=r.get("REDIS_PREFIX", str.strip, "streamq"),
+        redis_cluster=cluster,
+        worker_group=r.get("WORKER_GROUP", str.strip, "streamq"),
+        log_format=r.choice("LOG_FORMAT", ("json", "text", "auto"), "auto", upper=False),  # type: ignore[arg-type]
+        log_level=r.choice("LOG_LEVEL", _LEVELS, "INFO", upper=True),
+        metrics_port=r.get("METRICS_PORT", lambda v: _int(v, 1, 65535), None),
+        metrics_host=r.get("METRICS_HOST", str.strip, "0.0.0.0"),
+        allow_unsafe_eviction=r.get("ALLOW_UNSAFE_EVICTION", parse_bool, False),
+        data_dir=r.get("STREAMQ_DATA_DIR", lambda v: Path(v.strip()), Path(".streamq")),
+        embedded_port=r.get(
+            "STREAMQ_EMBEDDED_PORT", lambda v: _int(v, 1, 65535), DEFAULT_EMBEDDED_PORT
+        ),
+        liveness_redis_timeout_s=r.get("LIVENESS_REDIS_TIMEOUT", _seconds, 30.0),
+        liveness_wedge_timeout_s=r.get("LIVENESS_WEDGE_TIMEOUT", _seconds, 60.0),
+        queues=queues,
+        overrides=overrides,
+    )
+    if not queues and not r.problems:
+        flags = "\n    ".join(f"{enable_flag(lane)}=true" for lane in lanes) or "(none)"
+        r.problems.append((
+            "QUEUE_CONSUMER_*_IS_ENABLED",
+            f"no queue is enabled; set at least one of:\n    {flags}",
+        ))
+    if r.problems:
+        raise SettingsError(r.problems)
+    return settings
+
+
+def load_app(ref: str) -> App:
+    """Import ``package.module:attribute`` and return the :class:`~streamq.app.App` it names.
+
+    Raises:
+        SettingsError: the reference is malformed, the module cannot be imported, or the
+            attribute is missing or not an ``App``.
+    """
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise SettingsError([("WORKER_APP", f"expected package.module:attribute, got {ref!r}")])
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SettingsError([("WORKER_APP", f"cannot import {module_name!r}: {exc}")]) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise SettingsError(
+                [("WORKER_APP", f"module {module_name!r} has no attribute {attr!r}")]
+            ) from None
+    if not isinstance(obj, App):
+        raise SettingsError(
+            [("WORKER_APP", f"{ref} is a {type(obj).__name__}, not a streamq App")]
+        )
+    return obj
+
+
+def worker_overrides(settings: Settings, app: App) -> dict[str, dict[str, Any]]:
+    """Each enabled lane's ``WorkerOptions`` overrides, checked against the app's options.
+
+    ``LIMITER_MAX`` / ``LIMITER_DURATION`` become a ``Limiter`` (a missing half comes from the
+    processor's own limiter; ``LIMITER_MAX=0`` removes it).
+
+    Raises:
+        SettingsError: an override is inconsistent with the others or with the processor's
+            options (e.g. a renew interval not shorter than the lock); names the variables.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    problems: list[tuple[str, str]] = []
+    for lane in settings.queues:
+        given = settings.overrides.get(lane)
+        reg = app.registration(lane)
+        if given is None or reg is None:
+            continue
+        kwargs = {k: v for k, v in given.values.items() if not k.startswith("limiter_")}
+        try:
+            if "limiter_max" in given.values or "limiter_duration" in given.values:
+                kwargs["limiter"] = _limiter(given, reg.options.limiter)
+            reg.options.merged(**kwargs)
+        except ConfigurationError as exc:
+            names = ", ".join(sorted(given.variables.values()))
+            problems.append((names, str(exc)))
+            continue
+        out[lane] = kwargs
+    if problems:
+        raise SettingsError(problems)
+    return out
+
+
+def _limiter(given: QueueOverrides, current: Limiter | None) -> Limiter | None:
+    max_jobs = given.values.get("limiter_max")
+    duration = given.values.get("limiter_duration")
+    if max_jobs == 0:
+        return None
+    if max_jobs is None:
+        if current is None:
+            raise ConfigurationError(
+                "a LIMITER_DURATION needs a LIMITER_MAX too: the processor has no limiter "
+                "to take the maximum from"
+            )
+        max_jobs = current.max_jobs
+    if duration is None:
+        duration = current.duration if current is not None else 1.0
+    return Limiter(max_jobs, duration)
+
+
+def load_settings(env: Mapping[str, str]) -> tuple[Settings, App]:
+    """Load the app named by ``WORKER_APP``, parse every other setting against its lanes and
+    check the per-queue overrides against its processors' options.
+
+    Raises:
+        SettingsError: as :func:`parse_settings`, :func:`load_app` and
+            :func:`worker_overrides`.
+    """
+    ref = env.get("WORKER_APP")
+    if ref is None or not ref.strip():
+        what = "is required" if ref is None else "is set but empty"
+        raise SettingsError([("WORKER_APP", f"{what}; e.g. WORKER_APP=myapp.worker:app")])
+    app = load_app(ref.strip())
+    settings = parse_settings(env, lanes=app.lane_names())
+    worker_overrides(settings, app)
+    return settings, app
