@@ -1,0 +1,328 @@
+"""Queue depth polling, Redis reachability and liveness of a worker process.
+
+Depth is read for the queues this process consumes only, one pipelined round trip per queue
+per poll (plus one ``XRANGE`` per shard that has ready jobs):
+
+- ``in_flight`` = the group's pending count (``XINFO GROUPS``): delivered, not settled;
+- ``ready`` = ``XLEN - in_flight``: a settled job is acknowledged *and* deleted, so the stream
+  holds exactly the jobs ready or in flight;
+- ``oldest_ready_age_s`` = server now minus the time part of the first entry after the group's
+  ``last-delivered-id`` (``XRANGE (<id> + COUNT 1``): entries after it were never delivered,
+  and promoted, retried or released jobs are re-added at the tail with a fresh id, so the id
+  time is when the job became ready;
+- ``delayed`` = ``ZCARD`` of the delayed set (delayed and retrying jobs), ``dead`` = ``XLEN``
+  of the dead-letter stream, ``consumers`` = the group's consumer count.
+
+The queue-wide aggregate (``shard="all"``) sums the counts and takes the largest age and
+consumer count (one consumer usually reads every shard, so consumers are not summed).
+
+Liveness (``/healthz``) fails when Redis has been unreachable longer than a timeout, or when a
+consumed queue has had ready jobs for longer than the wedge timeout while this process started
+none: the silently wedged worker (a stuck dispatcher, every concurrency slot blocked). A
+paused queue is never wedged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from streamq.hooks import Hooks
+
+if TYPE_CHECKING:
+    from streamq.runtime.manager import WorkerManager
+    from streamq.runtime.worker import Worker
+
+__all__ = ["ALL_SHARDS", "Monitor", "RedisHealth", "ShardDepth", "read_depths"]
+
+_log = logging.getLogger("streamq.health")
+
+ALL_SHARDS = "all"
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardDepth:
+    """One depth reading of a shard (or of a whole queue)."""
+
+    ready: int = 0
+    delayed: int = 0
+    in_flight: int = 0
+    dead: int = 0
+    oldest_ready_age_s: float = 0.0
+    consumers: int = 0
+
+
+def aggregate(depths: list[ShardDepth]) -> ShardDepth:
+    """The queue-wide reading: counts summed, the largest age and consumer count."""
+    return ShardDepth(
+        ready=sum(d.ready for d in depths),
+        delayed=sum(d.delayed for d in depths),
+        in_flight=sum(d.in_flight for d in depths),
+        dead=sum(d.dead for d in depths),
+        oldest_ready_age_s=max((d.oldest_ready_age_s for d in depths), default=0.0),
+        consumers=max((d.consumers for d in depths), default=0),
+    )
+
+
+class RedisHealth(Hooks):
+    """Whether Redis is reachable: failures from the runtime (``redis_error``) and the poller,
+    successes from the poller. Unreachable time counts from the first failure since the last
+    success."""
+
+    def __init__(self, clock: Clock = time.monotonic) -> None:
+        self.clock = clock
+        self.failing_since: float | None = None
+        self.last_ok: float | None = None
+        self.last_error: str | None = None
+
+    def redis_error(self, queue: str | None, error: BaseException) -> None:
+        self.failed(error)
+
+    def ok(self) -> None:
+        self.failing_since = None
+        self.last_ok = self.clock()
+
+    def failed(self, error: BaseException) -> None:
+        self.last_error = f"{type(error).__name__}: {error}"[:300]
+        if self.failing_since is None:
+            self.failing_since = self.clock()
+
+    def unreachable_for(self) -> float:
+        """Seconds since Redis started failing; 0 while it answers."""
+        return 0.0 if self.failing_since is None else self.clock() - self.failing_since
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _group_info(groups: Any, group: str) -> dict[str, Any]:
+    for g in groups or ():
+        if _text(g.get("name")) == group:
+            return dict(g)
+    return {}
+
+
+def _id_ms(entry_id: Any) -> int:
+    return int(_text(entry_id).split("-", 1)[0])
+
+
+async def read_depths(w: Worker) -> tuple[list[ShardDepth], bool]:
+    """Depth of each shard of ``w``'s queue and whether the queue is paused.
+
+    Raises whatever the Redis client raises (the caller counts it as a failure).
+    """
+    pipe = w.client.pipeline(transaction=False)
+    for s in w.shards:
+        pipe.xinfo_groups(s.stream)
+        pipe.xlen(s.stream)
+        pipe.zcard(s.delayed)
+        pipe.xlen(s.dead)
+    pipe.hget(w.keys.meta, "paused")
+    replies = await pipe.execute(raise_on_error=False)
+    for r in replies:
+        if isinstance(r, Exception) and "no such key" not in str(r).lower():
+            raise r
+    paused = bool(replies[-1]) and not isinstance(replies[-1], Exception)
+    rows = []
+    for i, s in enumerate(w.shards):
+        groups, length, delayed, dead = replies[4 * i : 4 * i + 4]
+        info = _group_info(groups if not isinstance(groups, Exception) else [], w.group)
+        pending = int(info.get("pending", 0))
+        rows.append((s, info, max(0, int(length) - pending), pending, int(delayed), int(dead)))
+    ages = await _oldest_ready_ages(w, [(s, info) for s, info, ready, *_ in rows if ready])
+    return [
+        ShardDepth(
+            ready=ready,
+            delayed=delayed,
+            in_flight=pending,
+            dead=dead,
+            oldest_ready_age_s=ages.get(s.index, 0.0),
+            consumers=int(info.get("consumers", 0)),
+        )
+        for s, info, ready, pending, delayed, dead in rows
+    ], paused
+
+
+async def _oldest_ready_ages(
+    w: Worker, shards: list[tuple[Any, dict[str, Any]]]
+) -> dict[int, float]:
+    if not shards:
+        return {}
+    pipe = w.client.pipeline(transaction=False)
+    for s, info in shards:
+        last = _text(info.get("last-delivered-id") or "0-0")
+        pipe.xrange(s.stream, min=f"({last}", max="+", count=1)
+    replies = await pipe.execute()
+    now_ms = w.server_now_ms()
+    ages: dict[int, float] = {}
+    for (s, _), entries in zip(shards, replies, strict=True):
+        if entries:
+            ages[s.index] = max(0.0, (now_ms - _id_ms(entries[0][0])) / 1000)
+    return ages
+
+
+@dataclass(slots=True)
+class _WedgeWatch:
+    ready: int = 0
+    ready_since: float | None = None
+    paused: bool = False
+
+
+class Monitor:
+    """Polls depth, tracks Redis reachability, measures event-loop lag, judges liveness.
+
+    Args:
+        manager: the started (or starting) worker manager whose queues are watched.
+        hooks: receives ``queue_depth`` and ``event_loop_lag`` readings.
+        health: the Redis reachability tracker (also fed by the runtime's ``redis_error``).
+        interval_s: seconds between polls.
+        redis_timeout_s: liveness fails once Redis has been unreachable this long.
+        wedge_timeout_s: liveness fails once ready jobs waited this long with none started.
+    """
+
+    def __init__(
+        self,
+        manager: WorkerManager,
+        hooks: Hooks,
+        health: RedisHealth,
+        *,
+        interval_s: float,
+        redis_timeout_s: float,
+        wedge_timeout_s: float,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.manager = manager
+        self.hooks = hooks
+        self.health = health
+        self.interval_s = interval_s
+        self.redis_timeout_s = redis_timeout_s
+        self.wedge_timeout_s = wedge_timeout_s
+        self.clock = clock
+        self.polls = 0
+        self._watch: dict[str, _WedgeWatch] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._poll_loop(), name="streamq-depth-poller"),
+            loop.create_task(self._lag_loop(), name="streamq-loop-lag"),
+        ]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.interval_s)
+
+    async def _lag_loop(self) -> None:
+        interval = min(self.interval_s, 1.0)
+        while True:
+            t0 = self.clock()
+            await asyncio.sleep(interval)
+            self.hooks.event_loop_lag(max(0.0, self.clock() - t0 - interval))
+
+    async def poll_once(self) -> None:
+        """Read every consumed queue's depth once and publish it."""
+        workers = self.manager.workers
+        try:
+            if not workers:
+                return
+            for w in workers:
+                depths, paused = await read_depths(w)
+                self._publish(w, depths, paused)
+            self.health.ok()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.health.failed(exc)
+            _log.debug("depth poll failed", extra={"error": repr(exc)})
+        finally:
+            self.polls += 1
+
+    def _publish(self, w: Worker, depths: list[ShardDepth], paused: bool) -> None:
+        for s, d in zip(w.shards, depths, strict=True):
+            self._emit(w.name, s.name, d)
+        total = aggregate(depths)
+        self._emit(w.name, ALL_SHARDS, total)
+        watch = self._watch.setdefault(w.name, _WedgeWatch())
+        watch.ready, watch.paused = total.ready, paused
+        if total.ready and not paused:
+            if watch.ready_since is None:
+                watch.ready_since = self.clock()
+        else:
+            watch.ready_since = None
+
+    def _emit(self, queue: str, shard: str, d: ShardDepth) -> None:
+        self.hooks.queue_depth(
+            queue,
+            shard,
+            ready=d.ready,
+            delayed=d.delayed,
+            in_flight=d.in_flight,
+            dead=d.dead,
+            oldest_ready_age_s=d.oldest_ready_age_s,
+            consumers=d.consumers,
+        )
+
+    # -- judgements ------------------------------------------------------------------------
+    def wedged(self) -> list[str]:
+        """One problem per queue that has ready jobs but started none for the wedge timeout."""
+        now = self.clock()
+        problems = []
+        for w in self.manager.workers:
+            watch = self._watch.get(w.name)
+            if watch is None or watch.ready_since is None or w.closing:
+                continue
+            idle = now - max(watch.ready_since, w.last_started)
+            if idle > self.wedge_timeout_s:
+                problems.append(
+                    f"queue {w.name!r} has {watch.ready} ready jobs but this worker started "
+                    f"none for {idle:.1f} s (active {w.active}/{w.options.concurrency})"
+                )
+        return problems
+
+    def redis_problems(self) -> list[str]:
+        down = self.health.unreachable_for()
+        if down > self.redis_timeout_s:
+            return [f"Redis unreachable for {down:.1f} s ({self.health.last_error})"]
+        return []
+
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        problems = self.redis_problems() + self.wedged()
+        return not problems, {"problems": problems, **self._summary()}
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        problems = []
+        if not self.manager.started or not self.manager.workers:
+            problems.append("workers not started")
+        if self.health.failing_since is not None:
+            problems.append(f"Redis unreachable ({self.health.last_error})")
+        elif self.health.last_ok is None:
+            problems.append("Redis not reached yet")
+        return not problems, {"problems": problems, **self._summary()}
+
+    def _summary(self) -> dict[str, Any]:
+        now = self.clock()
+        queues = {}
+        for w in self.manager.workers:
+            watch = self._watch.get(w.name, _WedgeWatch())
+            queues[w.name] = {
+                **w.stats(),
+                "ready": watch.ready,
+                "paused": watch.paused,
+                "since_last_start_s": round(now - w.last_started, 3),
+            }
+        return {"queues": queues, "redis_unreachable_s": round(self.health.unreachable_for(), 3)}

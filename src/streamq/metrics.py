@@ -1,0 +1,250 @@
+"""Prometheus metrics: a :class:`~streamq.hooks.Hooks` adapter (extra ``streamq[metrics]``).
+
+Every series is labelled by bounded values only: queue (lane), shard, job name, outcome,
+reason. Job ids and tenants never become labels. ``docs/observability.md`` lists every metric.
+
+Example::
+
+    hooks = PrometheusHooks()                      # its own CollectorRegistry
+    manager = WorkerManager(redis_url=url, hooks=hooks)
+    queue = Queue(Ingestion, client, hooks=hooks)  # producers count enqueues and rejections
+    body = prometheus_client.generate_latest(hooks.registry)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "streamq.metrics needs prometheus-client: pip install 'streamq[metrics]'"
+    ) from exc
+
+from streamq.errors import JobTimeout, PermanentError
+from streamq.hooks import DeadReason, Hooks, JobInfo, Outcome
+
+__all__ = ["DEAD_REASONS", "PROCESSING_BUCKETS", "WAIT_BUCKETS", "PrometheusHooks"]
+
+DEAD_REASONS: tuple[str, ...] = (
+    "error",
+    "permanent",
+    "invalid_payload",
+    "unknown_job",
+    "stalled",
+    "timeout",
+    "lost_payload",
+)
+WAIT_BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600,
+)
+PROCESSING_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+    600,
+)
+ALL_SHARDS = "all"
+"""The ``shard`` label of a queue-wide aggregate."""
+
+_FAILED_OUTCOMES = frozenset({"retried", "failed"})
+
+
+def _failure_reason(error: BaseException | None) -> str:
+    if isinstance(error, PermanentError):
+        return "permanent"
+    if isinstance(error, JobTimeout):
+        return "timeout"
+    return "error"
+
+
+class PrometheusHooks(Hooks):
+    """Counts and times jobs into Prometheus metrics.
+
+    Args:
+        registry: where the metrics are registered; by default a new ``CollectorRegistry``
+            of this instance's own, so two instances (or tests) never clash.
+        namespace: metric name prefix.
+        wait_buckets: bucket bounds of the wait-time histogram (seconds).
+        processing_buckets: bucket bounds of the processing-time histogram (seconds).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        namespace: str = "streamq",
+        wait_buckets: Sequence[float] = WAIT_BUCKETS,
+        processing_buckets: Sequence[float] = PROCESSING_BUCKETS,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._build(namespace, tuple(wait_buckets), tuple(processing_buckets))
+
+    def _build(self, ns: str, wait: tuple[float, ...], proc: tuple[float, ...]) -> None:
+        r = self.registry
+
+        def counter(name: str, doc: str, labels: Sequence[str]) -> Counter:
+            return Counter(f"{ns}_{name}", doc, labels, registry=r)
+
+        def gauge(name: str, doc: str, labels: Sequence[str]) -> Gauge:
+            return Gauge(f"{ns}_{name}", doc, labels, registry=r)
+
+        qsj = ("queue", "shard", "job")
+        qs = ("queue", "shard")
+        # producer
+        self.enqueued_total = counter("jobs_enqueued", "Jobs written to Redis by producers.",
+                                (*qsj, "delayed"))
+        self.duplicates = counter("enqueue_duplicates", "Adds skipped: the job id's dedup "
+                                  "marker exists.", qsj)
+        self.rejected = counter("enqueue_rejected", "Adds refused before or while writing.",
+                                ("queue", "job", "reason"))
+        # worker, per job
+        self.wait = Histogram(f"{ns}_job_wait_seconds", "Time from when a job became due to "
+                              "when its attempt started.", qsj, buckets=wait, registry=r)
+        self.processing = Histogram(f"{ns}_job_processing_seconds", "Processor run time of an "
+                                    "attempt, by outcome.", ("queue", "job", "outcome"),
+                                    buckets=proc, registry=r)
+        self.started = counter("jobs_started", "Attempts started.", qsj)
+        self.completed = counter("jobs_completed", "Attempts that completed.", qsj)
+        self.failed = counter("job_failed_attempts", "Attempts that raised (retried or dead).",
+                              (*qsj, "reason"))
+        self.retried = counter("jobs_retried", "Failed attempts scheduled to run again.", qsj)
+        self.delayed = counter("jobs_redelayed", "Attempts that asked for a delay (Retry, "
+                               "RateLimited); no attempt spent.", qsj)
+        self.dead = counter("jobs_dead_lettered", "Jobs moved to the dead-letter stream.",
+                            (*qs, "reason"))
+        # worker, maintenance
+        self.stalled = counter("jobs_stalled", "Entries found stalled (lock expired).", qs)
+        self.reclaimed = counter("jobs_reclaimed", "Stalled entries taken over to run again.", qs)
+        self.lock_lost_total = counter("lock_lost", "Jobs whose lock another worker took; not "
+                                       "acknowledged here.", qs)
+        self.payload_lost_total = counter("payload_lost", "Pending entries whose body was "
+                                          "deleted; dead-lettered.", qs)
+        self.promoted_total = counter("jobs_promoted", "Delayed or retrying jobs moved to the "
+                                      "stream when due.", qs)
+        self.redis_errors = counter("redis_errors", "Failed Redis calls of the worker runtime.",
+                                    ("queue",))
+        self.active = gauge("jobs_active", "Attempts running in this process.", ("queue",))
+        # poller
+        self.ready = gauge("queue_ready", "Jobs in the stream not yet delivered.", qs)
+        self.delayed_depth = gauge("queue_delayed", "Jobs waiting for their due time "
+                                   "(delayed or retrying).", qs)
+        self.in_flight = gauge("queue_in_flight", "Jobs delivered and not yet settled.", qs)
+        self.dead_depth = gauge("queue_dead", "Entries in the dead-letter stream.", qs)
+        self.oldest_ready = gauge("queue_oldest_ready_age_seconds", "Age of the oldest job "
+                                  "not yet delivered.", qs)
+        self.consumers = gauge("queue_consumers", "Consumers in the group.", qs)
+        self.loop_lag = Gauge(f"{ns}_event_loop_lag_seconds", "How late an event-loop timer "
+                              "of this process fired.", registry=r)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        # labels() takes a lock and builds a tuple on every call; jobs hit a few children often.
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    # -- producer --------------------------------------------------------------------------
+    def enqueued(self, queue: str, shard: str, job_name: str, *, delayed: bool) -> None:
+        flag = "true" if delayed else "false"
+        self._child(self.enqueued_total, queue, shard, job_name, flag).inc()
+
+    def enqueue_duplicate(self, queue: str, shard: str, job_name: str) -> None:
+        self._child(self.duplicates, queue, shard, job_name).inc()
+
+    def enqueue_rejected(self, queue: str, job_name: str, reason: str) -> None:
+        self._child(self.rejected, queue, job_name, reason).inc()
+
+    # -- worker ----------------------------------------------------------------------------
+    def consumer_started(
+        self, queue: str, shards: Sequence[str], job_names: Sequence[str]
+    ) -> None:
+        # Series that exist from the start read 0 instead of being absent, so rate() and
+        # alerts see the first event.
+        self._child(self.active, queue).set(0)
+        for shard in shards:
+            for metric in (self.stalled, self.reclaimed, self.lock_lost_total,
+                           self.payload_lost_total, self.promoted_total):
+                self._child(metric, queue, shard)
+            for reason in DEAD_REASONS:
+                self._child(self.dead, queue, shard, reason)
+            for name in job_names:
+                for metric in (self.started, self.completed, self.retried):
+                    self._child(metric, queue, shard, name)
+                self._child(self.failed, queue, shard, name, "error")
+
+    def job_started(self, job: JobInfo) -> None:
+        self._child(self.started, job.queue, job.shard, job.job_name).inc()
+        self._child(self.wait, job.queue, job.shard, job.job_name).observe(job.wait_ms / 1000)
+
+    def job_finished(
+        self,
+        job: JobInfo,
+        outcome: Outcome,
+        duration_s: float,
+        error: BaseException | None = None,
+    ) -> None:
+        self._child(self.processing, job.queue, job.job_name, outcome).observe(duration_s)
+        if outcome == "completed":
+            self._child(self.completed, job.queue, job.shard, job.job_name).inc()
+            return
+        if outcome in _FAILED_OUTCOMES:
+            self._child(self.failed, job.queue, job.shard, job.job_name,
+                        _failure_reason(error)).inc()
+        if outcome == "retried":
+            self._child(self.retried, job.queue, job.shard, job.job_name).inc()
+        elif outcome == "delayed":
+            self._child(self.delayed, job.queue, job.shard, job.job_name).inc()
+
+    def job_dead_lettered(self, queue: str, shard: str, job_name: str, reason: DeadReason) -> None:
+        self._child(self.dead, queue, shard, reason).inc()
+
+    def jobs_reclaimed(self, queue: str, shard: str, count: int) -> None:
+        self._child(self.reclaimed, queue, shard).inc(count)
+
+    def jobs_stalled(self, queue: str, shard: str, count: int) -> None:
+        self._child(self.stalled, queue, shard).inc(count)
+
+    def lock_lost(self, queue: str, shard: str, count: int) -> None:
+        self._child(self.lock_lost_total, queue, shard).inc(count)
+
+    def payload_lost(self, queue: str, shard: str, count: int) -> None:
+        self._child(self.payload_lost_total, queue, shard).inc(count)
+
+    def promoted(self, queue: str, shard: str, count: int) -> None:
+        self._child(self.promoted_total, queue, shard).inc(count)
+
+    def active_changed(self, queue: str, active: int) -> None:
+        self._child(self.active, queue).set(active)
+
+    def redis_error(self, queue: str | None, error: BaseException) -> None:
+        self._child(self.redis_errors, queue or "").inc()
+
+    # -- poller ----------------------------------------------------------------------------
+    def queue_depth(
+        self,
+        queue: str,
+        shard: str,
+        *,
+        ready: int,
+        delayed: int,
+        in_flight: int,
+        dead: int,
+        oldest_ready_age_s: float,
+        consumers: int,
+    ) -> None:
+        sets: tuple[tuple[Gauge, float], ...] = (
+            (self.ready, ready),
+            (self.delayed_depth, delayed),
+            (self.in_flight, in_flight),
+            (self.dead_depth, dead),
+            (self.oldest_ready, oldest_ready_age_s),
+            (self.consumers, consumers),
+        )
+        for metric, value in sets:
+            self._child(metric, queue, shard).set(value)
+
+    def event_loop_lag(self, lag_s: float) -> None:
+        self.loop_lag.set(lag_s)
