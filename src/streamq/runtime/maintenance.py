@@ -54,7 +54,7 @@ async def promote_once(w: Worker) -> float | None:
 
 async def promote_loop(w: Worker) -> None:
     interval = w.options.promote_interval_s
-    while True:
+    while not w.closing:
         wait = interval
         try:
             nxt = await promote_once(w)
@@ -150,7 +150,7 @@ async def _drop_gone(w: Worker, gone: set[str], stale_after_ms: int) -> None:
 
 async def reclaim_loop(w: Worker) -> None:
     interval = w.options.stalled_interval_ms / 1000
-    while True:
+    while not w.closing:
         try:
             await heartbeat(w)
             await reclaim_once(w)

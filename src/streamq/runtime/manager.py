@@ -191,7 +191,11 @@ class WorkerManager:
         if not self._pending:
             raise ConfigurationError("no queue registered: nothing to consume")
         client = self._async_client(socket_timeout=10)
-        await self.check_redis(client)
+        try:
+            await self.check_redis(client)
+        except BaseException:
+            await self.close_workers()  # no worker yet: closes the connection just opened
+            raise
         for name, (lane, reg, opts) in self._pending.items():
             fetch = self._async_client(socket_timeout=opts.block_timeout_ms / 1000 + 5)
             self._workers[name] = Worker(

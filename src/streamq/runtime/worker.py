@@ -15,6 +15,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -40,6 +41,27 @@ __all__ = ["Worker"]
 _log = logging.getLogger("streamq.worker")
 
 Entry = tuple[int, str, dict[bytes, bytes]]
+
+
+async def stop_tasks(
+    tasks: Iterable[asyncio.Task[Any]], *, every_s: float = 0.05, timeout_s: float = 10.0
+) -> None:
+    """Cancel ``tasks`` and wait until they end, cancelling again every ``every_s``.
+
+    One ``cancel()`` is not enough: on Python 3.11 ``asyncio.wait_for`` (which redis-py uses
+    around socket reads) swallows a cancellation that lands as the reply arrives, and the
+    task carries on as if it was never cancelled.
+    """
+    pending = {t for t in tasks if not t.done()}
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        for t in pending:
+            t.cancel()
+        _done, pending = await asyncio.wait(pending, timeout=every_s)
+        if pending and time.monotonic() > deadline:
+            _log.warning("tasks did not stop after cancellation",
+                         extra={"tasks": sorted(t.get_name() for t in pending)})
+            return
 
 
 class Worker:
@@ -146,24 +168,22 @@ class Worker:
             return
         self.closing = True
         timeout = self.options.shutdown_timeout_s if timeout_s is None else timeout_s
-        for t in self._readers:
-            t.cancel()
-        await asyncio.gather(*self._readers, return_exceptions=True)
         async with self._cond:
             self._cond.notify_all()
+        # Nothing may add to the buffer once it is released: stop fetching, dispatching,
+        # promoting and reclaiming first (a reclaim would hand this worker entries to hold).
+        settle_task, *others = self._service
+        await stop_tasks([*self._readers, *others])
         while self.buffer:
             idx, eid, _ = self.buffer.popleft()
             self.settle(SettleOp("release", self.shards[idx], eid))
         if self._tasks:
             _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            # A cancelled processor may still clean up: re-cancel it only now and then.
+            await stop_tasks(pending, every_s=1.0)
         await self.settler.wait_idle(max(5.0, timeout))
         self.renewer.stop()
-        for t in self._service:
-            t.cancel()
-        await asyncio.gather(*self._service, return_exceptions=True)
+        await stop_tasks([settle_task])
         await maintenance.leave_group(self)
         self.pool.shutdown(wait=False, cancel_futures=True)
 
