@@ -27,26 +27,34 @@ async def run_processor(
     """Run ``fn(job)``; raise :class:`JobTimeout` past ``timeout_s``.
 
     An async processor is cancelled at its timeout. A sync one cannot be stopped: its thread
-    is abandoned (it keeps running to its end, its result ignored) and counted.
+    is abandoned (it keeps running to its end, its result ignored) and a warning is logged.
+    A ``TimeoutError`` the processor raises itself (an upstream call timing out) is an
+    ordinary error, not a job timeout.
     """
     if Registration.is_async(fn):
-        coro = fn(job)
         if timeout_s is None:
-            return await coro
+            return await fn(job)
+        limit = asyncio.timeout(timeout_s)
         try:
-            return await asyncio.wait_for(coro, timeout_s)
+            async with limit:
+                return await fn(job)
         except TimeoutError:
+            if not limit.expired():
+                raise
             raise JobTimeout(f"job ran longer than its {timeout_s:g} s timeout") from None
     loop = asyncio.get_running_loop()
     ctx = contextvars.copy_context()
     fut = loop.run_in_executor(pool, ctx.run, fn, job)
     if timeout_s is None:
         return await fut
-    try:
-        return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
-    except TimeoutError:
+    # asyncio.wait never cancels the future: past the timeout its thread is left to finish.
+    done, _ = await asyncio.wait({fut}, timeout=timeout_s)
+    if not done:
+        # Its late outcome is ignored: retrieve it so asyncio does not report it as lost.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         _log.warning(
             "sync processor abandoned after timeout; its thread runs on",
             extra={"queue": job.queue, "job_id": job.id, "job": job.name},
         )
-        raise JobTimeout(f"job ran longer than its {timeout_s:g} s timeout (abandoned)") from None
+        raise JobTimeout(f"job ran longer than its {timeout_s:g} s timeout (abandoned)")
+    return fut.result()

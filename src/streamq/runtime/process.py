@@ -17,6 +17,7 @@ payload invalid / job unknown     dead letter now, never run
 
 from __future__ import annotations
 
+import asyncio
 import time
 import traceback
 from typing import TYPE_CHECKING, Any
@@ -93,8 +94,13 @@ async def _dead(
         dead_fields=dead_fields(w, fields, reason=reason, error=error, attempts=attempts),
         dead_cap=w.options.dead_letter_cap,
     )
-    if w.settle(SettleOp("fail", shard, entry_id, call)) is not None:
-        w.on_dead(shard, job_name, reason)
+
+    def count(fut: asyncio.Future[bool]) -> None:
+        # Only a dead letter that landed counts: a fenced-out fail is a lost lock instead.
+        if not fut.cancelled() and fut.result():
+            w.on_dead(shard, job_name, reason)
+
+    w.settle(SettleOp("fail", shard, entry_id, call)).add_done_callback(count)
 
 
 def _retry(
