@@ -29,7 +29,7 @@ from streamq.errors import InvalidPayload, JobTimeout, PermanentError, Retry
 from streamq.hooks import JobInfo
 from streamq.job import Job
 from streamq.keys import ShardKeys
-from streamq.redact import secret_values
+from streamq.redact import scrub_text, secret_values
 from streamq.runtime.execute import run_processor
 from streamq.runtime.settle import SettleOp
 
@@ -63,11 +63,14 @@ def dead_fields(
         lines = traceback.format_exception(type(error), error, error.__traceback__)
         tb = "".join(lines)[-4000:]
         tb = "\n".join(tb.splitlines()[-TRACEBACK_LINES:])
+    # Error text may quote the payload (a validation error shows its input): never store a
+    # secret field's value there; the payload itself is redacted when listed.
+    secrets = secret_values(fields.get(b"payload", b""), w.contract.secret_fields)
     extra: list[str | bytes] = [
         "reason", reason,
         "error_type", type(error).__name__ if error else "",
-        "error", str(error)[:2000] if error else "",
-        "traceback", tb,
+        "error", scrub_text(str(error), secrets)[:2000] if error else "",
+        "traceback", scrub_text(tb, secrets),
         "attempts", str(attempts),
         "worker", w.consumer,
         "queue", w.lane.name,

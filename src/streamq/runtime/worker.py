@@ -31,6 +31,7 @@ from streamq.hooks import Hooks
 from streamq.job import Job
 from streamq.keys import QueueKeys, ShardKeys
 from streamq.options import WorkerOptions
+from streamq.redact import scrub_text, secret_values
 from streamq.runtime import maintenance
 from streamq.runtime.process import process_entry
 from streamq.runtime.renewal import HeldEntries, LockRenewer
@@ -371,7 +372,9 @@ class Worker:
                 "job": raw.name,
                 "attempt": raw.attempt,
                 "error_type": type(exc).__name__,
-                "error": str(exc)[:500],
+                "error": scrub_text(
+                    str(exc), secret_values(raw.payload_json, self.contract.secret_fields)
+                )[:500],
             },
         )
 
