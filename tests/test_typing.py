@@ -48,6 +48,7 @@ async def produce(r: aioredis.Redis, s: redis.Redis) -> None:
     SyncQueue(Spec, s).add(Spec.a, Wrong(y="no"))  # line B
     await queue.for_key("k").add(Spec.a, Wrong(y="no"))  # line C
     await queue.add(Spec.a, A(x=1), delay="soon")  # line D
+    await queue.add_bulk([JobRequest(Spec.a, Wrong(y="no"))])  # line E
 """
 
 
@@ -81,3 +82,4 @@ def test_mypy_refuses_another_model_and_accepts_the_jobs_own(
     assert error_lines(out, good) == set(), out
     expected = {line_of(bad_src, f"# line {m}") for m in "ABCD"}
     assert error_lines(out, bad, about='"add" of "(Sync)?Queue"') == expected, out
+    assert error_lines(out, bad, about='"JobRequest"') == {line_of(bad_src, "# line E")}, out
