@@ -112,6 +112,14 @@ class RecordingHooks(Hooks):
         with self._lock:
             self.counts["reclaimed"] += count
 
+    def promoted(self, queue: str, shard: str, count: int) -> None:
+        with self._lock:
+            self.counts["promoted"] += count
+
+    def job_started(self, job: JobInfo) -> None:
+        with self._lock:
+            self.counts["started"] += 1
+
     def redis_error(self, queue: str | None, error: BaseException) -> None:
         with self._lock:
             self.counts["redis_error"] += 1
