@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from streamq import App, Backoff, Job, JobDefaults, PermanentError, QueueContract, job
@@ -112,6 +111,9 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def parse_metrics(text: str) -> Samples:
+    # Imported here: the extras test loads this module with prometheus_client missing.
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
