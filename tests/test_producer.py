@@ -805,3 +805,11 @@ def test_sync_hooks_see_duplicates(sredis: redis.Redis, prefix: str) -> None:
     shard = f"ingestion-{shard_index('x', 4)}" if shard_index("x", 4) else "ingestion"
     assert [c[0] for c in sync_recorder.calls if c[0] != "context"] == ["enqueued", "duplicate"]
     assert sync_recorder.of("duplicate") == [("duplicate", "ingestion", shard, "ingest-event")]
+
+
+async def test_add_bulk_refuses_items_that_are_not_job_requests(
+    queue: AsyncQueue[Ingestion], aredis: aioredis.Redis, prefix: str
+) -> None:
+    with pytest.raises(ConfigurationError, match="takes JobRequest items, got tuple"):
+        await queue.add_bulk([("ingest-event", {"project_id": "p", "event_id": "e"})])  # type: ignore[list-item]
+    assert await all_keys(aredis, prefix) == []

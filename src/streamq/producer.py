@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
@@ -72,6 +72,20 @@ class JobRequest(Generic[P]):
     job_id: str | None = None
     delay: timedelta | int | None = None
     sharding_key: str | None = None
+
+
+class _AnyJobRequest(Protocol):
+    """What :meth:`Queue.add_bulk` takes: a :class:`JobRequest` of any job.
+
+    Its members are ``object`` on purpose: typed ``JobRequest[Any]``, the parameter would make
+    mypy infer ``P = Any`` for ``add_bulk([JobRequest(Spec.a, WrongModel())])`` and accept it.
+    """
+
+    @property
+    def job(self) -> object: ...
+
+    @property
+    def payload(self) -> object: ...
 
 
 @dataclass(slots=True)
@@ -351,13 +365,18 @@ class _BaseQueue(Generic[C]):
             lane=None,
         )
 
-    def _prepare_many(self, requests: Iterable[JobRequest[Any]]) -> list[list[_Prepared]]:
+    def _prepare_many(self, requests: Iterable[_AnyJobRequest]) -> list[list[_Prepared]]:
         """Every request validated and encoded, cut into batches of at most
         :data:`BULK_BATCH` jobs and about :data:`BULK_BATCH_BYTES` payload bytes."""
         batches: list[list[_Prepared]] = []
         batch: list[_Prepared] = []
         size = 0
         for r in requests:
+            if not isinstance(r, JobRequest):
+                raise ConfigurationError(
+                    f"add_bulk takes JobRequest items, got {type(r).__name__}",
+                    queue=self.name,
+                )
             p = self._prepare(r.job, r.payload, r.job_id, r.delay, r.sharding_key)
             n = len(p.item.values[FIELD_NAMES.index("payload")])
             if batch and (len(batch) >= BULK_BATCH or size + n > BULK_BATCH_BYTES):
@@ -432,7 +451,7 @@ class Queue(_BaseQueue[C]):
         prepared = [self._prepare(job, payload, job_id, delay, sharding_key)]
         return (await self._send(prepared))[0]
 
-    async def add_bulk(self, requests: Iterable[JobRequest[Any]]) -> list[str]:
+    async def add_bulk(self, requests: Iterable[_AnyJobRequest]) -> list[str]:
         """Validate every job first, then enqueue them in one pipelined round trip per batch
         (500 jobs or 8 MiB of payload), one script call per shard in the batch.
 
@@ -506,7 +525,7 @@ class SyncQueue(_BaseQueue[C]):
         prepared = [self._prepare(job, payload, job_id, delay, sharding_key)]
         return self._send(prepared)[0]
 
-    def add_bulk(self, requests: Iterable[JobRequest[Any]]) -> list[str]:
+    def add_bulk(self, requests: Iterable[_AnyJobRequest]) -> list[str]:
         """Validate every job, then enqueue them pipelined; see :meth:`Queue.add_bulk`."""
         out: list[str] = []
         for batch in self._prepare_many(requests):
