@@ -19,15 +19,21 @@ MakeManager = Callable[..., WorkerManager]
 async def managers(
     redis_url: str, prefix: str, aredis: aioredis.Redis
 ) -> AsyncIterator[MakeManager]:
-    """``make(app, queues=None, **manager_kwargs)``: a registered, not yet started manager on
+    """``make(app, queues=None, overrides=None, **manager_kwargs)``: a registered, not yet started manager on
     this test's prefix. Every manager made is closed at teardown (short shutdown timeout)."""
     made: list[WorkerManager] = []
 
-    def make(app: App, *, queues: list[str] | None = None, **kw: Any) -> WorkerManager:
+    def make(
+        app: App,
+        *,
+        queues: list[str] | None = None,
+        overrides: dict[str, dict[str, Any]] | None = None,
+        **kw: Any,
+    ) -> WorkerManager:
         kw.setdefault("redis_url", redis_url)
         kw.setdefault("prefix", prefix)
         m = WorkerManager(**kw)
-        m.register_app(app, queues=queues)
+        m.register_app(app, queues=queues, overrides=overrides)
         made.append(m)
         return m
 
