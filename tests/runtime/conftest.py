@@ -19,8 +19,8 @@ MakeManager = Callable[..., WorkerManager]
 async def managers(
     redis_url: str, prefix: str, aredis: aioredis.Redis
 ) -> AsyncIterator[MakeManager]:
-    """``make(app, queues=None, overrides=None, **manager_kwargs)``: a registered, not yet started manager on
-    this test's prefix. Every manager made is closed at teardown (short shutdown timeout)."""
+    """``make(app, queues=None, overrides=None, **manager_kwargs)``: a registered, not yet
+    started manager on this test's prefix. Every manager made is closed at teardown."""
     made: list[WorkerManager] = []
 
     def make(
