@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import time
 import uuid
@@ -226,6 +227,44 @@ class WorkerManager:
             c.close()
         self._clients.clear()
         self._sync_clients.clear()
+
+    async def run_until_signal(
+        self, signals: Iterable[signal.Signals] = (signal.SIGTERM, signal.SIGINT)
+    ) -> signal.Signals:
+        """Start (if not started), run until one of ``signals`` arrives, then shut down.
+
+        Shutdown is :meth:`close_workers`: running jobs get their shutdown timeout, the rest
+        are released for other workers. The handlers are removed once the first signal
+        arrives, so a second one stops the process the default way (a forced exit).
+        Returns the signal received.
+
+        Example::
+
+            async def main() -> None:
+                manager = WorkerManager(redis_url="redis://localhost:6379/0")
+                manager.register_app(app)
+                await manager.run_until_signal()
+        """
+        loop = asyncio.get_running_loop()
+        received: asyncio.Future[signal.Signals] = loop.create_future()
+        wanted = list(signals)
+
+        def on_signal(sig: signal.Signals) -> None:
+            if not received.done():
+                received.set_result(sig)
+
+        for sig in wanted:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            await self.start()
+            got = await received
+        finally:
+            for sig in wanted:
+                loop.remove_signal_handler(sig)
+        _log.info("signal received; shutting down", extra={"signal": got.name,
+                                                             "consumer": self.consumer})
+        await self.close_workers()
+        return got
 
     async def __aenter__(self) -> WorkerManager:
         await self.start()

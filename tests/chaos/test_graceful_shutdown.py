@@ -1,0 +1,88 @@
+"""SIGTERM/SIGINT shut a worker down gracefully (DESIGN.md §4 release, §2 close_workers).
+
+Running jobs shorter than the shutdown timeout finish and are acknowledged; longer ones
+are released (re-added at the stream tail, attempt unchanged), so another worker takes them
+at once instead of after the lock expires. The process exits 0 and leaves the consumer
+group when it holds nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from streamq import Queue
+from tests.chaos.harness import Workers, completed_jobs
+from tests.support.chaos_app import Chaos, Work
+
+SHUTDOWN_S = 2.0
+LOCK_S = 15.0
+"""Long enough that no reclaim can explain a fast takeover: only a release can."""
+
+
+async def test_sigterm_finishes_short_jobs_and_releases_long_ones_to_another_worker(
+    workers: Workers, queue: Queue[Chaos], aredis: Any
+) -> None:
+    opts = {"lock": LOCK_S, "stalled": 0.5, "concurrency": 4, "shutdown_timeout": SHUTDOWN_S}
+    a = await workers.start("a", **opts)
+    short = [await queue.add(Chaos.work, Work(n=i, sleep_s=1.0)) for i in range(2)]
+    long = [await queue.add(Chaos.work, Work(n=10 + i, sleep_s=60)) for i in range(2)]
+    await workers.wait_for(
+        lambda: len(workers.log.records("start", consumer="a")) == 4,
+        timeout_s=10,
+        what="all four jobs running in a",
+    )
+    b = workers.spawn("b", **opts)
+
+    sent = a.signal(signal.SIGTERM)
+
+    assert await a.wait_exit(SHUTDOWN_S + 5) == 0, workers.diagnostics([a])
+    exited = workers.log.records("exit", consumer="a")
+    assert exited
+    assert exited[0]["signal"] == "SIGTERM"
+    for job_id in short:
+        [end] = workers.log.records("end", job=job_id)
+        assert end["consumer"] == "a"
+        assert end["outcome"] == "completed"
+        assert end["t"] > sent, "the short job was still running when the signal came"
+    await workers.ready(b)
+    for job_id in long:
+        [before] = workers.log.records("start", job=job_id, consumer="a")
+        taken = await workers.wait_record("start", job=job_id, consumer="b", timeout_s=5)
+        assert taken["t"] - sent < SHUTDOWN_S + 3 < LOCK_S
+        assert taken["attempt"] == before["attempt"] == 1
+        assert taken["entry"] != before["entry"], "a released job is a new entry"
+        pending = await workers.pending_entry(aredis, taken["shard"], taken["entry"])
+        assert pending is not None
+        assert pending["consumer"] == b"b"
+        assert pending["times_delivered"] == 1
+    assert not workers.log.records("reclaimed")
+    assert "a" not in await workers.consumers(aredis)
+    assert len(workers.log.records("start")) == 6  # 4 in a, the 2 released ones in b
+    assert set(completed_jobs(workers.log)) == set(short)
+    for s in workers.keys.shards:
+        assert await aredis.xlen(s.stream) == len(
+            [r for r in workers.log.records("start", consumer="b") if r["shard"] == s.name]
+        )
+
+
+async def test_sigint_waits_only_for_running_jobs_then_exits(
+    workers: Workers, queue: Queue[Chaos], aredis: Any
+) -> None:
+    a = await workers.start("a", lock=1.5, stalled=0.5, concurrency=2, shutdown_timeout=30)
+    ids = [await queue.add(Chaos.work, Work(n=i, sleep_s=0.8)) for i in range(2)]
+    await workers.wait_for(
+        lambda: len(workers.log.records("start", consumer="a")) == 2,
+        timeout_s=10,
+        what="both jobs running",
+    )
+
+    sent = a.signal(signal.SIGINT)
+
+    assert await a.wait_exit(10) == 0, workers.diagnostics([a])
+    [exited] = workers.log.records("exit", consumer="a")
+    assert exited["signal"] == "SIGINT"
+    assert exited["t"] - sent < 3, "shutdown waited for its timeout, not for the jobs"
+    assert set(completed_jobs(workers.log)) == set(ids)
+    assert await workers.drained(aredis)
+    assert "a" not in await workers.consumers(aredis)

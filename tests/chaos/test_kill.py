@@ -1,0 +1,166 @@
+"""SIGKILL of a worker process at any point loses no job (DESIGN.md §5, §6).
+
+A killed worker's jobs stay pending under its consumer name; another worker reclaims them
+once they have been idle longer than the lock, with ``attempt`` unchanged and the delivery
+count raised by one. A job that keeps stalling is dead-lettered as ``stalled``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import pytest
+
+from streamq import JobRequest, Queue
+from tests.chaos.harness import Workers, completed_jobs, env_int
+from tests.support.chaos_app import Chaos, Work
+
+LOCK_S = 1.5
+STALLED_S = 0.5
+SLACK_S = 1.5
+"""Scheduling and process start-up noise on a loaded CI machine."""
+
+OPTS = {"lock": LOCK_S, "stalled": STALLED_S}
+
+
+async def test_killed_workers_job_is_finished_by_another_worker_with_attempt_unchanged(
+    workers: Workers, queue: Queue[Chaos], aredis: Any
+) -> None:
+    a = await workers.start("a", **OPTS)
+    job_id = await queue.add(Chaos.work, Work(n=1, sleep_s=2.0))
+    first = await workers.wait_record("start", job=job_id, consumer="a", timeout_s=10)
+    await workers.start("b", **OPTS)
+
+    killed_at = a.kill()
+
+    rerun = await workers.wait_record(
+        "start", job=job_id, consumer="b", timeout_s=LOCK_S + STALLED_S + SLACK_S + 5
+    )
+    assert rerun["t"] - killed_at <= LOCK_S + STALLED_S + SLACK_S
+    assert rerun["attempt"] == first["attempt"] == 1
+    assert rerun["entry"] == first["entry"], "a reclaim keeps the stream entry"
+    pending = await workers.pending_entry(aredis, rerun["shard"], rerun["entry"])
+    assert pending is not None
+    assert pending["consumer"] == b"b"
+    assert pending["times_delivered"] == 2
+
+    done = await workers.wait_record("end", job=job_id, consumer="b", timeout_s=10)
+    assert done["outcome"] == "completed"
+    await workers.wait_for(lambda: workers.drained(aredis), timeout_s=5, what="queue drained")
+    assert sum(r["count"] for r in workers.log.records("reclaimed", consumer="b")) == 1
+    assert await workers.dead_letters(aredis) == []
+
+
+async def _kill_mid_batch_and_restart(
+    workers: Workers, queue: Queue[Chaos], aredis: Any, *, jobs: int, kills: int, seed: int
+) -> None:
+    """Run ``jobs`` over two workers; SIGKILL one mid-job ``kills`` times, restarting it.
+
+    Proves: every job completes; a job runs twice only when it was in flight in a killed
+    worker (started there and not yet acknowledged), and its rerun is a reclaim of the
+    same entry with the same attempt.
+    """
+    rng = random.Random(seed)
+    # A job in flight at two kills in a row is rightly dead-lettered as stalled; this test
+    # is about loss, so allow as many redeliveries as there are kills.
+    opts = {**OPTS, "concurrency": 6, "max_stalled": kills}
+    victim = await workers.start("v0", **opts)
+    await workers.start("steady", **opts)
+    ids = await queue.add_bulk(
+        JobRequest(Chaos.work, Work(n=i, sleep_s=rng.uniform(0.02, 0.12))) for i in range(jobs)
+    )
+    kill_times: dict[str, float] = {}
+    for k in range(kills):
+        target = rng.randint(jobs * k // (kills + 1) + 1, jobs * (k + 1) // (kills + 1))
+
+        def victim_busy(name: str = victim.consumer, at_least: int = target) -> bool:
+            started = len(workers.log.records("start"))
+            starts = {r["job"] for r in workers.log.records("start", consumer=name)}
+            ends = {r["job"] for r in workers.log.records("end", consumer=name)}
+            return started >= at_least and bool(starts - ends)
+
+        await workers.wait_for(victim_busy, timeout_s=30, what=f"kill point {target}")
+        kill_times[victim.consumer] = victim.kill()
+        victim = await workers.start(f"v{k + 1}", **opts)
+
+    await workers.wait_for(
+        lambda: len(completed_jobs(workers.log)) == jobs,
+        timeout_s=30,
+        what=f"all {jobs} jobs completed",
+    )
+    await workers.wait_for(lambda: workers.drained(aredis), timeout_s=10, what="queue drained")
+    assert set(completed_jobs(workers.log)) == set(ids)
+    assert await workers.dead_letters(aredis) == []
+
+    for job_id in ids:
+        runs = workers.log.runs(job_id)
+        *killed_runs, last = runs
+        for run in killed_runs:
+            # Every run but the last was cut short by a kill: started before it, in the
+            # killed worker, and rerun as a reclaim of the same entry with the same attempt.
+            killed_at = kill_times.get(run["consumer"])
+            assert killed_at is not None, f"job {job_id} ran again without a kill: {runs}"
+            assert run["t"] < killed_at
+            assert (run["entry"], run["attempt"]) == (last["entry"], last["attempt"])
+            # Acknowledged work is never redone: a run that ended well before the kill (its
+            # complete long since flushed) must not be followed by another.
+            for e in workers.log.records("end", job=job_id, consumer=run["consumer"]):
+                assert killed_at - e["t"] < 0.5, (
+                    f"job {job_id} completed {killed_at - e['t']:.2f} s before the kill of "
+                    f"{run['consumer']} yet ran again"
+                )
+
+
+async def test_no_job_is_lost_when_a_worker_is_killed_mid_batch_and_restarted(
+    workers: Workers, queue: Queue[Chaos], aredis: Any
+) -> None:
+    await _kill_mid_batch_and_restart(
+        workers, queue, aredis, jobs=200, kills=1, seed=int(time.time())
+    )
+
+
+@pytest.mark.slow
+async def test_no_job_is_lost_over_repeated_kills_and_restarts(
+    workers: Workers, queue: Queue[Chaos], aredis: Any
+) -> None:
+    soak = env_int("STREAMQ_SOAK", 3)
+    await _kill_mid_batch_and_restart(
+        workers, queue, aredis, jobs=400 * soak, kills=3 * soak, seed=int(time.time())
+    )
+
+
+async def test_job_stalled_more_than_max_stalled_count_is_dead_lettered_as_stalled(
+    workers: Workers, queue: Queue[Chaos], aredis: Any
+) -> None:
+    opts = {**OPTS, "max_stalled": 1}
+    a = await workers.start("a", **opts)
+    job_id = await queue.add(Chaos.work, Work(n=1, sleep_s=60))
+    await workers.wait_record("start", job=job_id, consumer="a", timeout_s=10)
+    spare = {"b": workers.spawn("b", **opts), "c": workers.spawn("c", **opts)}
+    for p in spare.values():
+        await workers.ready(p)
+
+    a.kill()  # stall 1: reclaimed and run again
+    second = await workers.wait_for(
+        lambda: [r for r in workers.log.runs(job_id) if r["consumer"] != "a"],
+        timeout_s=LOCK_S + STALLED_S + SLACK_S + 5,
+        what="the first reclaim",
+    )
+    holder = spare.pop(second[0]["consumer"])
+    survivor = next(iter(spare.values()))
+    holder.kill()  # stall 2: more than max_stalled_count, so dead-lettered
+
+    dead = await workers.wait_for(
+        lambda: workers.dead_letters(aredis),
+        timeout_s=LOCK_S + STALLED_S + SLACK_S + 5,
+        what="the stalled job in dead",
+    )
+    assert len(dead) == 1
+    assert dead[0]["id"] == job_id
+    assert dead[0]["reason"] == "stalled"
+    assert [r["consumer"] for r in workers.log.runs(job_id)] == ["a", holder.consumer]
+    assert await workers.drained(aredis)
+    assert workers.log.records("dead", consumer=survivor.consumer, reason="stalled")
+    assert survivor.alive
