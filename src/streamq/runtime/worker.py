@@ -65,6 +65,16 @@ async def stop_tasks(
             return
 
 
+def _group_gone(exc: BaseException) -> bool:
+    """True when a read failed because the stream or its group was deleted.
+
+    A read blocked on a stream whose key is deleted fails with ``UNBLOCKED the stream key no
+    longer exists``; the next read of the missing group with ``NOGROUP``.
+    """
+    msg = str(exc)
+    return isinstance(exc, ResponseError) and ("NOGROUP" in msg or msg.startswith("UNBLOCKED"))
+
+
 class Worker:
     """Consumes one lane (a queue, or its secondary lane) with one processor registration."""
 
@@ -214,15 +224,15 @@ class Worker:
                     block=self.options.block_timeout_ms,
                 )
                 backoff = 0.05
-            except ResponseError as exc:
-                if "NOGROUP" in str(exc):
+            except Exception as exc:
+                if _group_gone(exc):
                     _log.warning("consumer group missing; recreating", extra={"queue": self.name})
                     await self._safe(self.ensure_groups())
                     continue
-                raise
-            except Exception as exc:
                 if map_error(exc) is None:
-                    raise
+                    # A reader that dies leaves the worker silently wedged: report, go on.
+                    _log.exception("unexpected error fetching jobs; retrying",
+                                   extra={"queue": self.name})
                 self.hooks.redis_error(self.name, exc)
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
                 backoff = min(backoff * 2, 5.0)
