@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -31,6 +32,34 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_cluster_ports(n: int) -> list[int]:
+    """``n`` distinct free ports for cluster nodes: each node's bus port (port + 10000) must be
+    free too, so a port must be at most 55535 (redis-server refuses to start otherwise)."""
+    rng = random.Random()
+    taken: set[int] = set()
+    ports: list[int] = []
+    for _ in range(500):
+        if len(ports) == n:
+            return ports
+        port = free_port()
+        if port > 55535:
+            port = rng.randint(20_000, 55_535)
+        pair = {port, port + 10_000}
+        if not pair & taken and _bindable(port) and _bindable(port + 10_000):
+            ports.append(port)
+            taken |= pair
+    raise RuntimeError("no free port pairs (port, port + 10000) for the cluster nodes")
 
 
 class RedisServer:
@@ -121,13 +150,14 @@ class RedisCluster:
         self.nodes = [
             RedisServer(
                 binary,
+                port=port,
                 extra=[
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
                     "--cluster-node-timeout", "2000",
                 ],
             )
-            for _ in range(masters)
+            for port in free_cluster_ports(masters)
         ]
 
     @property
