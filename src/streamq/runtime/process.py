@@ -197,6 +197,10 @@ async def _run(w: Worker, shard: ShardKeys, raw: RawJob, env: Envelope[Any], han
             outcome = await _failed_attempt(w, shard, raw, exc)
         finally:
             w.running.pop((shard.index, raw.entry_id), None)
+        if job.lock_lost:
+            # Renewal found the job reclaimed by another worker while it ran: the settle
+            # above is refused (fenced), so this run must not count as completed or failed.
+            outcome = "lock_lost"
         w.hooks.job_finished(info, outcome, time.perf_counter() - started, error)
 
 
