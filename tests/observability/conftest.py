@@ -24,12 +24,14 @@ async def run_worker(
     made: list[tuple[WorkerManager, ObservabilityServer]] = []
 
     async def run(
-        app: App, hooks: Hooks, *, url: str | None = None, **config: Any
+        app: App, hooks: Hooks, *, url: str | None = None, cluster: bool = False, **config: Any
     ) -> tuple[WorkerManager, ObservabilityServer]:
         config.setdefault("metrics_port", 0)
         config.setdefault("host", "127.0.0.1")
         config.setdefault("poll_interval_s", 0.1)
-        manager = WorkerManager(redis_url=url or redis_url, prefix=prefix, hooks=hooks)
+        manager = WorkerManager(
+            redis_url=url or redis_url, cluster=cluster, prefix=prefix, hooks=hooks
+        )
         manager.register_app(app)
         await manager.start()
         server = await start(manager, ObservabilityConfig(**config))
