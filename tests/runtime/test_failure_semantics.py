@@ -421,3 +421,36 @@ async def test_callable_backoff_gets_the_failed_attempt_number(managers, aredis,
     assert asked == [1, 2]
     assert 100 <= gaps[0] < 100 + SLACK_MS, gaps
     assert 200 <= gaps[1] < 200 + SLACK_MS, gaps
+
+
+async def test_sync_job_waits_for_a_thread_rather_than_time_out_without_running(
+    managers, aredis, prefix
+):
+    app = App([Fail])
+    release = threading.Event()
+    ran: list[int] = []
+
+    # Concurrency 1 gives a pool of 5 threads: five hung jobs take them all.
+    @app.processor(Fail, concurrency=1, attempts=1, timeout=0.1, **FAST)
+    def proc(job: Job[Any]) -> None:
+        if job.payload.n < 5:
+            release.wait(10)
+        else:
+            ran.append(job.payload.n)
+
+    hooks = RecordingHooks()
+    q = Queue(Fail, aredis, prefix=prefix)
+    for n in range(6):
+        await q.add(Fail.item, Item(n=n))
+    m = managers(app, hooks=hooks)
+    await m.start()
+    try:
+        await wait_until(lambda: hooks.counts["dead:timeout"] == 5, what="five abandoned jobs")
+        await asyncio.sleep(0.3)  # three of its timeouts: it must not fail before it runs
+        assert hooks.counts["dead:timeout"] == 5
+        assert ran == []
+    finally:
+        release.set()
+    await m.run_until_idle(5)
+    assert ran == [5]
+    assert len(await dead_entries(aredis, qk(prefix))) == 5

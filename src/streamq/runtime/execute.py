@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,13 +43,37 @@ async def run_processor(
             if not limit.expired():
                 raise
             raise JobTimeout(f"job ran longer than its {timeout_s:g} s timeout") from None
+    return await _run_sync(fn, job, timeout_s=timeout_s, pool=pool)
+
+
+async def _run_sync(
+    fn: Callable[[Job[Any]], Any], job: Job[Any], *, timeout_s: float | None,
+    pool: ThreadPoolExecutor,
+) -> Any:
     loop = asyncio.get_running_loop()
     ctx = contextvars.copy_context()
-    fut = loop.run_in_executor(pool, ctx.run, fn, job)
     if timeout_s is None:
-        return await fut
-    # asyncio.wait never cancels the future: past the timeout its thread is left to finish.
-    done, _ = await asyncio.wait({fut}, timeout=timeout_s)
+        return await loop.run_in_executor(pool, ctx.run, fn, job)
+    began: asyncio.Future[None] = loop.create_future()
+
+    def mark_began() -> None:
+        if not began.done():
+            began.set_result(None)
+
+    def call() -> Any:
+        loop.call_soon_threadsafe(mark_began)
+        return ctx.run(fn, job)
+
+    fut = loop.run_in_executor(pool, call)
+    try:
+        # The clock starts when a thread picks the job up: when abandoned threads fill the
+        # pool, a job waits for a thread instead of timing out without having run.
+        await asyncio.wait({began, fut}, return_when=asyncio.FIRST_COMPLETED)
+        # asyncio.wait never cancels the future: past the timeout the thread is left to end.
+        done, _ = await asyncio.wait({fut}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        fut.cancel()  # never start it if it has not started yet
+        raise
     if not done:
         # Its late outcome is ignored: retrieve it so asyncio does not report it as lost.
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
