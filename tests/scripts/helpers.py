@@ -10,7 +10,7 @@ from typing import Any
 
 from streamq import ops
 from streamq._redis import Call, run_calls
-from streamq.envelope import FIELD_NAMES, encode_fields
+from streamq.envelope import encode_fields
 from streamq.keys import QueueKeys, ShardKeys
 
 GROUP = "g"
@@ -132,9 +132,6 @@ async def wait_idle(
         return all(p[i].idle_ms >= min_idle_ms for i in ids)
 
     await wait_until(idle, what=f"entries idle >= {min_idle_ms} ms")
-
-
-FIELDS = list(FIELD_NAMES)
 
 
 async def delivered(r: Any, sk: ShardKeys, consumer: str, *job_ids: str) -> list[Entry]:

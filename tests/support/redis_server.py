@@ -176,9 +176,10 @@ class RedisCluster:
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            infos = [
-                redis.Redis(port=n.port).cluster("info") for n in self.nodes  # type: ignore[no-untyped-call]
-            ]
+            infos = []
+            for n in self.nodes:
+                with redis.Redis(port=n.port) as client:
+                    infos.append(client.cluster("info"))
             if all(i.get("cluster_state") == "ok" for i in infos):
                 return self
             time.sleep(0.1)
