@@ -215,3 +215,13 @@ async def test_enqueue_under_oom_raises_and_writes_nothing_while_workers_keep_dr
     assert await run1(r, ops.complete(sk, "g", "w2", [e2.id])) == []
     assert await r.xlen(sk.stream) == 0
     assert await pending(r, sk) == {}
+
+
+async def test_a_full_bulk_batch_of_500_jobs_runs_in_one_call(aredis, prefix):
+    sk = shard(prefix)
+    items = [
+        item(f"j{i}", dedup=i % 2 == 0, delay_ms=60_000 if i % 5 == 0 else 0) for i in range(500)
+    ]
+    assert await run1(aredis, ops.enqueue(sk, items, dedup_window_ms=60_000)) == [True] * 500
+    assert await aredis.xlen(sk.stream) == 400
+    assert await aredis.zcard(sk.delayed) == 100

@@ -8,6 +8,7 @@ import redis.asyncio as aioredis
 
 from streamq import ops
 from streamq._redis import run_calls
+from streamq.envelope import encode_fields
 from tests.scripts.helpers import item, run1, server_ms, shard, wait_until, xrange
 
 
@@ -125,3 +126,26 @@ async def test_racing_promoters_move_each_due_job_exactly_once_and_never_a_futur
     finally:
         for c in clients:
             await c.aclose()
+
+
+async def test_promoted_fields_round_trip_byte_for_byte_through_the_jobs_hash(aredis, prefix):
+    sk = shard(prefix)
+    payload = '{"s":"quote \\" slash / back \\\\ nl \\n","u":"héllo ✓ 🚀","e":""}'.encode()
+    values = encode_fields(
+        job_id="odd/id ✓",
+        name="work",
+        timestamp_ms=1_700_000_000_123,
+        payload_json=payload,
+        attempt=4,
+        retry_baggage={"errors": [{"message": "tab\there"}]},
+        trace_context={"traceparent": "00-abc-def-01"},
+    )
+    item_ = ops.EnqueueItem("odd/id ✓", values, delay_ms=3_600_000)
+    assert await run1(aredis, ops.enqueue(sk, [item_], dedup_window_ms=1))
+    await aredis.zadd(sk.delayed, {"odd/id ✓": 1}, xx=True)
+
+    assert (await run1(aredis, ops.promote(sk))).moved == 1
+    ((_eid, fields),) = await aredis.xrange(sk.stream)
+    expected = [v if isinstance(v, bytes) else v.encode() for v in values]
+    expected[0] = b"1"  # due: the score
+    assert list(fields.values()) == expected
