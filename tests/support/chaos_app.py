@@ -19,7 +19,7 @@ import asyncio
 import time
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from streamq import QueueContract, job
 from streamq.app import App
@@ -27,10 +27,21 @@ from streamq.job import Job
 
 MODES = ("ok", "slow", "busy_loop", "sleep_forever")
 
+BUGGY_N = -13
+"""A payload with this ``n`` trips a validator bug: it raises TypeError, which pydantic
+does not turn into a ValidationError (poison that is not an InvalidPayload)."""
+
 
 class Work(BaseModel):
     n: int
     sleep_s: float = 0.0
+
+    @field_validator("n")
+    @classmethod
+    def _buggy_validator(cls, n: int) -> int:
+        if n == BUGGY_N:
+            raise TypeError("a validator bug")
+        return n
 
 
 class Chaos(QueueContract, name="chaos", shards=2):

@@ -127,7 +127,9 @@ async def process_entry(
     """Run one fetched entry to its settle. Never raises (errors become settles)."""
     try:
         raw = decode_entry(entry_id, fields)
-    except InvalidPayload as exc:
+    except Exception as exc:
+        # Whatever cannot be decoded is poison, InvalidPayload or not (JSON nested too deep
+        # raises RecursionError): left unsettled, it would be held and renewed forever.
         await _dead(w, shard, entry_id, fields, reason="invalid_payload", error=exc,
                     attempts=0, job_name="")
         return
@@ -143,7 +145,9 @@ async def process_entry(
         return
     try:
         env = Envelope.from_raw(raw, spec.model, queue=w.lane.name)
-    except InvalidPayload as exc:
+    except Exception as exc:
+        # A model validator may raise more than ValueError (pydantic passes a TypeError or
+        # KeyError through): still poison, never run.
         await _dead(w, shard, entry_id, fields, reason="invalid_payload", error=exc,
                     attempts=raw.attempt - 1, job_name=raw.name)
         return

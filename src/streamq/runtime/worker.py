@@ -322,6 +322,9 @@ class Worker:
             raise
         except Exception:
             _log.exception("unexpected error processing a job", extra={"queue": self.name})
+            # Its settle may never come: stop renewing it, so it stalls and is reclaimed
+            # (then dead-lettered as stalled) instead of being held here forever.
+            self.held.discard(idx, eid)
         finally:
             self.active -= 1
             self.hooks.active_changed(self.name, self.active)
