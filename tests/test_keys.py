@@ -115,3 +115,12 @@ def test_for_key_picks_the_shard_of_shard_index():
         sk = qk.for_key(key)
         assert sk.index == m8
         assert sk.name == shard_name("ingest", m8)
+
+
+@pytest.mark.parametrize("bad", ["", "app{x}", "{app}", "a}b"])
+def test_prefix_with_braces_or_empty_is_refused_so_shards_keep_their_own_slots(bad: str) -> None:
+    from streamq.errors import ConfigurationError
+    from streamq.keys import QueueKeys
+
+    with pytest.raises(ConfigurationError, match="prefix"):
+        QueueKeys(bad, "q", 2)

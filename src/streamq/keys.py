@@ -25,9 +25,23 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-__all__ = ["QueueKeys", "ShardKeys", "shard_index", "shard_name"]
+from streamq.errors import ConfigurationError
+
+__all__ = ["QueueKeys", "ShardKeys", "check_prefix", "shard_index", "shard_name"]
 
 NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+
+def check_prefix(prefix: str) -> None:
+    """Refuse a prefix that would break the layout.
+
+    Braces would take over the hash tag (Redis hashes the first ``{...}``), putting every
+    shard of every queue in one cluster slot.
+    """
+    if not isinstance(prefix, str) or not prefix or "{" in prefix or "}" in prefix:
+        raise ConfigurationError(
+            f"key prefix {prefix!r} is invalid: it must be non-empty and contain no braces"
+        )
 
 
 def shard_index(key: str, shards: int) -> int:
@@ -89,6 +103,7 @@ class QueueKeys:
     __slots__ = ("__dict__", "prefix", "queue", "shard_count")
 
     def __init__(self, prefix: str, queue: str, shard_count: int) -> None:
+        check_prefix(prefix)
         self.prefix = prefix
         self.queue = queue
         self.shard_count = shard_count
