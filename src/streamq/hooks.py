@@ -157,27 +157,22 @@ class CompositeHooks(Hooks):
                     carrier = {**(carrier or {}), **got}
             yield carrier
 
+    def process_context(self, job: JobInfo) -> AbstractContextManager[None]:
+        # Runs for every job: skip the base no-op, and nest nothing when one adapter is left.
+        active = [h for h in self.hooks if type(h).process_context is not Hooks.process_context]
+        if not active:
+            return nullcontext()
+        if len(active) == 1:
+            return active[0].process_context(job)
+        return self._enter_each(active, job)
+
+    @staticmethod
     @contextmanager
-    def process_context(self, job: JobInfo) -> Iterator[None]:
+    def _enter_each(hooks: list[Hooks], job: JobInfo) -> Iterator[None]:
         with ExitStack() as stack:
-            for h in self.hooks:
+            for h in hooks:
                 stack.enter_context(h.process_context(job))
             yield
-
-    def __getattribute__(self, name: str) -> Any:
-        # Plain notification hooks fan out generically; the two context hooks above are
-        # defined explicitly because they compose differently.
-        if name.startswith("_") or name in ("hooks", "enqueue_context", "process_context"):
-            return object.__getattribute__(self, name)
-        if name in _NOTIFY:
-            hooks = object.__getattribute__(self, "hooks")
-
-            def fan_out(*args: Any, **kwargs: Any) -> None:
-                for h in hooks:
-                    getattr(h, name)(*args, **kwargs)
-
-            return fan_out
-        return object.__getattribute__(self, name)
 
 
 _NOTIFY = frozenset(
@@ -185,3 +180,20 @@ _NOTIFY = frozenset(
     for n in vars(Hooks)
     if not n.startswith("_") and n not in ("enqueue_context", "process_context")
 )
+
+
+def _fan_out(name: str) -> Any:
+    # Plain notification hooks fan out generically (defined once per name on the class, so a
+    # call costs one loop, not a closure per attribute lookup); the two context hooks above
+    # are defined explicitly because they compose differently.
+    def fan_out(self: CompositeHooks, *args: Any, **kwargs: Any) -> None:
+        for h in self.hooks:
+            getattr(h, name)(*args, **kwargs)
+
+    fan_out.__name__ = name
+    fan_out.__doc__ = getattr(Hooks, name).__doc__
+    return fan_out
+
+
+for _name in _NOTIFY:
+    setattr(CompositeHooks, _name, _fan_out(_name))

@@ -110,7 +110,11 @@ class TracingHooks(Hooks):
     def process_context(self, job: JobInfo) -> Iterator[None]:
         # A job without trace context starts a new trace: never inherit whatever context the
         # worker's task happened to be created in.
-        parent = propagate.extract(job.trace_context or {}, context=Context())
+        parent = (
+            propagate.extract(job.trace_context, context=Context())
+            if job.trace_context
+            else Context()
+        )
         if job.tenant:
             parent = baggage.set_baggage(TENANT_BAGGAGE, job.tenant, parent)
         span = self.tracer.start_span(
