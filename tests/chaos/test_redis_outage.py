@@ -28,7 +28,7 @@ STALLED_S = 0.5
 BLOCK_S = 1.0
 OUTAGE_S = 3.0
 """Longer than the blocking read and than the lock."""
-RECOVERY_S = 10.0
+RECOVERY_S = 6.0
 """How soon after the restart the worker must be working again (reconnect backoff included)."""
 
 OPTS = {"lock": LOCK_S, "stalled": STALLED_S, "block_timeout": BLOCK_S}
