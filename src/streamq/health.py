@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from streamq.hooks import Hooks
+from streamq.runtime.worker import stop_tasks
 
 if TYPE_CHECKING:
     from streamq.runtime.manager import WorkerManager
@@ -217,9 +218,8 @@ class Monitor:
         ]
 
     async def close(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # A single cancel() may be swallowed by a Redis call in poll_once (see stop_tasks).
+        await stop_tasks(self._tasks)
         self._tasks = []
 
     async def _poll_loop(self) -> None:
