@@ -48,6 +48,9 @@ async def test_sigterm_finishes_short_jobs_and_releases_long_ones_to_another_wor
     await workers.ready(b)
     for job_id in long:
         [before] = workers.log.records("start", job=job_id, consumer="a")
+        [released] = workers.log.records("end", job=job_id, consumer="a")
+        assert released["outcome"] == "released"
+        assert released["duration_s"] >= SHUTDOWN_S
         taken = await workers.wait_record("start", job=job_id, consumer="b", timeout_s=5)
         assert taken["t"] - sent < SHUTDOWN_S + 3 < LOCK_S
         assert taken["attempt"] == before["attempt"] == 1
@@ -86,3 +89,31 @@ async def test_sigint_waits_only_for_running_jobs_then_exits(
     assert set(completed_jobs(workers.log)) == set(ids)
     assert await workers.drained(aredis)
     assert "a" not in await workers.consumers(aredis)
+
+
+async def test_sigterm_releases_a_sync_job_past_the_timeout_to_another_worker(
+    workers: Workers, queue: Queue[Chaos], aredis: Any
+) -> None:
+    opts = {"lock": LOCK_S, "stalled": 0.5, "shutdown_timeout": 1.0}
+    a = await workers.start("a", mode="slow", **opts)
+    b = workers.spawn("b", **opts)
+    job_id = await queue.add(Chaos.work, Work(n=1, sleep_s=3.0))
+    first = await workers.wait_record("start", job=job_id, timeout_s=10)
+    holder, other = (a, b) if first["consumer"] == "a" else (b, a)
+    await workers.ready(other)
+
+    sent = holder.signal(signal.SIGTERM)
+
+    taken = await workers.wait_record("start", job=job_id, consumer=other.consumer,
+                                      timeout_s=5)
+    assert taken["t"] - sent < 1.0 + 2 < LOCK_S, "released at the shutdown timeout"
+    assert taken["entry"] != first["entry"]
+    assert taken["attempt"] == first["attempt"]
+    # A thread cannot be stopped: the process exits once the abandoned sync call returns,
+    # its result ignored (the job is the other worker's now).
+    assert await holder.wait_exit(3.0 + 3) == 0, workers.diagnostics([holder])
+    [released] = workers.log.records("end", job=job_id, consumer=holder.consumer)
+    assert released["outcome"] == "released"
+    done = await workers.wait_record("end", job=job_id, consumer=other.consumer, timeout_s=10)
+    assert done["outcome"] == "completed"
+    await workers.wait_for(lambda: workers.drained(aredis), timeout_s=5, what="queue drained")

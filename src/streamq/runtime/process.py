@@ -199,6 +199,11 @@ async def _run(w: Worker, shard: ShardKeys, raw: RawJob, env: Envelope[Any], han
         except Exception as exc:
             error = exc
             outcome = await _failed_attempt(w, shard, raw, exc)
+        except asyncio.CancelledError:
+            # Shutdown ran out of time: the worker releases the entry (Worker._guarded).
+            # The run still ends for the hooks, so its processing time is recorded.
+            w.hooks.job_finished(info, "released", time.perf_counter() - started, None)
+            raise
         finally:
             w.running.pop((shard.index, raw.entry_id), None)
         if job.lock_lost:
