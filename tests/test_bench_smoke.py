@@ -1,0 +1,77 @@
+"""The benchmark suite runs end to end (``--quick``) and reports every section.
+
+No timing is asserted: this proves the harness works, not how fast anything is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.redis_server import find_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("meta", "producer", "consumer", "latency", "memory", "scaling", "redis_cost",
+            "ratios", "targets")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if find_binary() is None:
+        if os.environ.get("CI"):
+            pytest.fail("no redis-server binary found")
+        pytest.skip("no redis-server binary found")
+    out = tmp_path_factory.mktemp("bench")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=110,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_quick_benchmark_writes_every_section_and_the_tables(quick_run: Path) -> None:
+    results = json.loads((quick_run / "latest.json").read_text())
+    assert set(SECTIONS) <= set(results)
+    assert results["meta"]["mode"] == "quick"
+    for name in ("raw_xadd_sync", "raw_xadd_async", "raw_pipe_sync", "raw_pipe_async",
+                 "sq_add_sync", "sq_add_async", "sq_bulk_sync", "sq_bulk_async"):
+        assert results["producer"][name]["rate"] > 0, name
+    rows = results["consumer"]["streamq"]
+    assert {(r["processor"], r["concurrency"], r["mode"]) for r in rows} == {
+        (p, c, m) for p in ("async", "sync") for c in (1, 10, 100)
+        for m in ("prefilled", "with_producer")
+    }
+    assert set(results["consumer"]["raw"]) == {
+        f"raw_{k}_{m}" for k in ("async", "sync") for m in ("prefilled", "with_producer")
+    }
+    lat = results["latency"]
+    assert lat["jobs"] > 0
+    assert 0 < lat["p50_ms"] <= lat["p95_ms"] <= lat["p99_ms"]
+    assert results["memory"]["plain"]["bytes_per_job"] > 0
+    assert len(results["scaling"]) == 3
+    for cost in results["redis_cost"]["per_processed_job"]:
+        assert cost["client_cmds_per_job"] > 0
+        assert cost["server_cmds_per_job"] >= cost["client_cmds_per_job"]
+    assert len(results["targets"]) == 9
+    assert all(isinstance(t["met"], bool) for t in results["targets"])
+    md = (quick_run / "latest.md").read_text()
+    for heading in ("## Targets", "## Producer", "## Consumer", "## Redis cost",
+                    "## Latency", "## Redis memory", "## Scaling"):
+        assert heading in md
+
+
+def test_quick_benchmark_ratios_are_positive_numbers(quick_run: Path) -> None:
+    ratios = json.loads((quick_run / "latest.json").read_text())["ratios"]
+    assert len(ratios) >= 4 + 12
+    for name, value in ratios.items():
+        assert isinstance(value, float), name
+        assert math.isfinite(value), name
+        assert value > 0, name
