@@ -258,8 +258,8 @@ async def _run_jobs(client: Any, url: str, prefix: str, jobs: int, timeout_s: fl
     worker_rc: int | None = None
     try:
         await _wait_consuming(proc, log_path, timeout_s=20)
-        print(f"worker: pid {proc.pid}, metrics on http://127.0.0.1:{metrics_port}/metrics, "
-              f"log in {log_path}", file=out)
+        print(f"worker: pid {proc.pid}, keys under {prefix}:*, metrics on "
+              f"http://127.0.0.1:{metrics_port}/metrics, log in {log_path}", file=out)
         the_plan = plan(jobs)
         t0 = time.monotonic()
         lanes = await produce(client, the_plan, prefix=prefix)

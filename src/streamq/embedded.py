@@ -34,6 +34,8 @@ from types import ModuleType
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from streamq.errors import ConfigurationError
 
@@ -204,8 +206,11 @@ def _port_in_use(port: int) -> bool:
 
 
 def _client(port: int) -> redis.Redis:
+    # No retries: a refused connection means "not running" here, and SHUTDOWN's closed
+    # connection must not be retried with backoff.
     return redis.Redis(
-        host="127.0.0.1", port=port, socket_connect_timeout=0.5, socket_timeout=2.0
+        host="127.0.0.1", port=port, socket_connect_timeout=0.5, socket_timeout=2.0,
+        retry=Retry(NoBackoff(), 0),
     )
 
 
@@ -316,7 +321,13 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    # An exited daemon stays a zombie until init reaps it, which some containers' init does
+    # only now and then: it is gone all the same.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -105,9 +105,16 @@ async def run(settings: Settings, app: App, *, stop: asyncio.Event | None = None
     )
     manager.register_app(app, queues=settings.queues,
                          overrides=worker_overrides(settings, app))
-    server = None
     try:
         await manager.start()
+    except BaseException:
+        # The start error is the one to report; closing workers that never ran may fail
+        # too, and the process exits right after.
+        with contextlib.suppress(Exception):
+            await manager.close_workers()
+        raise
+    server = None
+    try:
         server = await start(manager, obs_config)
         _log.info("consuming", extra={"queues": list(settings.queues),
                                       "prefix": settings.redis_prefix,

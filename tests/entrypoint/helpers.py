@@ -1,0 +1,83 @@
+"""Running ``python -m worker`` as a subprocess in tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+_OURS = ("QUEUE_", "REDIS_", "WORKER_", "STREAMQ_", "METRICS_", "LOG_", "LIVENESS_",
+         "ALLOW_UNSAFE")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without any worker setting, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_OURS)}
+    # A worker that has to be killed first dumps its threads' stacks into its log.
+    env["PYTHONFAULTHANDLER"] = "1"
+    env.update(extra)
+    return env
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = condition()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.02)
+
+
+class WorkerProcess:
+    """``python -m worker`` with ``env``; stderr (the logs) goes to ``log_path``."""
+
+    def __init__(self, env: Mapping[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "worker"], cwd=ROOT, env=dict(env),
+                stdout=log, stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every log line, parsed as JSON (fails on a line that is not)."""
+        return [json.loads(line) for line in self.log.splitlines() if line.strip()]
+
+    def logged(self, message: str) -> bool:
+        return any(f'"message": "{message}"' in line for line in self.log.splitlines())
+
+    def wait_consuming(self, timeout_s: float = 20.0) -> None:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited {self.proc.returncode}:\n{self.log}")
+            return self.logged("consuming")
+
+        wait_for(ready, timeout_s, "the worker to start consuming")
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def kill(self) -> None:
+        """Stop a worker that is still running; it dumps its stacks to the log first."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

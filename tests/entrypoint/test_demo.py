@@ -1,0 +1,87 @@
+"""The demo module end to end, with a small number of jobs, against the test Redis."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import redis
+from examples.ingestion.demo import parse_metrics
+from examples.ingestion.producer import plan
+from examples.ingestion.services import GONE_PROJECTS, failing_attempts
+
+from .helpers import ROOT, clean_env
+
+JOBS = 300
+
+
+def expected(jobs: int) -> dict[str, int]:
+    """What the deterministic services make of ``plan(jobs)``."""
+    p = plan(jobs)
+    ingest = [failing_attempts("store", r.payload.event_id) for r in p.ingestion]  # type: ignore[union-attr]
+    rules = [
+        failing_attempts("rules", f"{r.payload.project_id}/{r.payload.entity_id}/default")  # type: ignore[union-attr]
+        for r in p.evaluation
+    ]
+    gone = sum(d.project_id in GONE_PROJECTS for _, d in p.deletion)
+    dead = sum(f >= 3 for f in ingest) + sum(f >= 5 for f in rules) + gone
+    return {
+        "enqueued": len(p),
+        "dead": dead,
+        "processed": len(p) - dead,
+        "retried": sum(min(f, 2) for f in ingest) + sum(min(f, 4) for f in rules),
+        "permanent": gone,
+    }
+
+
+def summary_value(out: str, name: str) -> str:
+    found = re.search(rf"^  {name}\s+(.+)$", out, re.MULTILINE)
+    assert found, f"no {name!r} line in:\n{out}"
+    return found.group(1)
+
+
+def test_demo_runs_end_to_end_and_prints_the_summary(
+    redis_url: str, sredis: redis.Redis, tmp_path: Path
+) -> None:
+    want = expected(JOBS)
+    assert want["retried"] > 0
+    assert want["dead"] > want["permanent"] > 0
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.ingestion.demo", "--jobs", str(JOBS), "--timeout", "60"],
+        cwd=ROOT, env=clean_env(REDIS_URL=redis_url, STREAMQ_DATA_DIR=str(tmp_path)),
+        capture_output=True, text=True, timeout=110,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "\nSummary\n" in out
+    assert summary_value(out, "jobs enqueued").startswith(f"{want['enqueued']}  (")
+    assert summary_value(out, "processed") == str(want["processed"])
+    assert summary_value(out, "dead-lettered").startswith(f"{want['dead']}  (")
+    assert f"permanent {want['permanent']}" in summary_value(out, "dead-lettered")
+    retried = summary_value(out, "retried")
+    # The count comes from the worker's /metrics when the metrics extra is installed.
+    assert retried.startswith((f"{want['retried']}  (", "n/a"))
+    assert re.fullmatch(r"[\d,]+ jobs/s", summary_value(out, "throughput"))
+    assert summary_value(out, "worker") == "stopped with SIGTERM, exit code 0"
+    # Progress lines (stdout is not a terminal: whole lines, no carriage returns).
+    assert "\r" not in out
+    assert re.search(r"processed \d+/300 .* depth \d+", out)
+    # The demo removes its keys.
+    prefix = re.search(r"keys under (demo-[0-9a-f]+):\*", out)
+    assert prefix is not None
+    assert list(sredis.scan_iter(match=f"{prefix.group(1)}:*")) == []
+    assert (tmp_path / "demo-worker.log").exists()
+
+
+def test_parse_metrics_sums_counters_over_labels() -> None:
+    text = "\n".join([
+        "# HELP streamq_jobs_completed_total Attempts that completed.",
+        'streamq_jobs_completed_total{job="a",queue="q",shard="q"} 3.0',
+        'streamq_jobs_completed_total{job="a",queue="q",shard="q-1"} 4.0',
+        'streamq_jobs_completed_created{job="a",queue="q",shard="q"} 1.7e9',
+        'streamq_jobs_retried_total{job="a",queue="q",shard="q"} 2.0',
+        'streamq_jobs_dead_lettered_total{queue="q",reason="error",shard="q"} 1.0',
+    ])
+    assert parse_metrics(text) == {"processed": 7.0, "retried": 2.0, "dead": 1.0}
