@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -141,3 +142,25 @@ async def test_a_pending_entry_whose_body_was_deleted_is_counted_as_payload_lost
     assert total(s, "streamq_payload_lost_total", queue="obs", shard=shard.name) == 1
     assert total(s, "streamq_jobs_dead_lettered_total", queue="obs", reason="lost_payload") == 1
     assert total(s, "streamq_jobs_started_total", queue="obs") == 0
+
+
+async def test_a_producer_counts_an_add_redis_refused_as_a_redis_error() -> None:
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from streamq import RedisUnavailable
+    from tests.support.redis_server import free_port
+
+    hooks = PrometheusHooks()
+    client = aioredis.Redis(
+        port=free_port(), socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+    )
+    queue = Queue(Obs, client, hooks=hooks)
+    try:
+        with pytest.raises(RedisUnavailable):
+            await queue.add(Obs.work, Work(project_id="p"))
+    finally:
+        await client.aclose()
+    s = parse_metrics(generate_latest(hooks.registry).decode())
+    assert total(s, "streamq_enqueue_rejected_total", queue="obs", reason="redis_error") == 1
+    assert total(s, "streamq_jobs_enqueued_total") == 0
