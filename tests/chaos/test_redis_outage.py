@@ -26,7 +26,7 @@ from tests.support.redis_server import RedisServer, find_binary
 LOCK_S = 1.5
 STALLED_S = 0.5
 BLOCK_S = 1.0
-OUTAGE_S = 3.0
+OUTAGE_S = 2.0
 """Longer than the blocking read and than the lock."""
 RECOVERY_S = 6.0
 """How soon after the restart the worker must be working again (reconnect backoff included)."""
@@ -114,7 +114,7 @@ async def test_ready_and_delayed_jobs_survive_a_redis_crash_with_aof(
     queue = Queue(Chaos, aof, prefix=prefix)
     a = await workers.start("a", concurrency=1, **OPTS)
     ready = await queue.add_bulk(
-        JobRequest(Chaos.work, Work(n=i, sleep_s=0.25)) for i in range(10)
+        JobRequest(Chaos.work, Work(n=i, sleep_s=0.15)) for i in range(10)
     )
     delayed = [
         await queue.add(Chaos.work, Work(n=100 + i), delay=1500 + 100 * i) for i in range(2)
@@ -175,3 +175,35 @@ async def test_job_in_flight_across_a_redis_restart_is_completed_once_or_reclaim
         assert completions[-1]["consumer"] == other
     assert await workers.dead_letters(aof) == []
     assert all(p.alive for p in procs.values())
+
+
+async def test_own_running_job_is_not_counted_stalled_after_an_outage_longer_than_its_lock(
+    aof_server: RedisServer, aof: aioredis.Redis, outage_workers: Workers, prefix: str
+) -> None:
+    # With max_stalled_count=0 a single redelivery dead-letters the job; a fast stalled
+    # check makes the worker's own reclaim run before its renewal thread after the restart.
+    workers = outage_workers
+    queue = Queue(Chaos, aof, prefix=prefix)
+    a = await workers.start("a", lock=LOCK_S, stalled=0.1, max_stalled=0,
+                            block_timeout=BLOCK_S)
+    job_id = await queue.add(Chaos.work, Work(n=1, sleep_s=OUTAGE_S + 2.0))
+    first = await workers.wait_record("start", job=job_id, consumer="a", timeout_s=10)
+
+    await _outage(aof_server, workers, "a")
+
+    async def delivered_once_until_done() -> bool:
+        row = await workers.pending_entry(aof, first["shard"], first["entry"])
+        if row is None:
+            return True
+        assert row["consumer"] == b"a"
+        assert row["times_delivered"] == 1, "the worker reclaimed its own running job"
+        return False
+
+    await workers.wait_for(delivered_once_until_done, timeout_s=RECOVERY_S + 5,
+                           what="the job settled")
+    assert await workers.dead_letters(aof) == [], "its own running job was buried as stalled"
+    [end] = workers.log.records("end", job=job_id)
+    assert end["outcome"] == "completed"
+    assert not workers.log.records("lock_lost")
+    assert await workers.drained(aof)
+    assert a.alive

@@ -66,11 +66,32 @@ async def promote_loop(w: Worker) -> None:
         await asyncio.sleep(wait)
 
 
+async def renew_own(w: Worker) -> None:
+    """Renew the entries this worker holds, from the loop, right before it reclaims.
+
+    When its renewal thread was cut off longer than the lock (a Redis outage, a pause of
+    the process), the reclaim would otherwise claim this worker's own running jobs from
+    itself: each time raising their delivery count, until a live job is dead-lettered as
+    stalled while it runs. One fenced call per shard held, per stalled interval.
+    """
+    snap = w.held.snapshot()
+    held = [i for i, ids in enumerate(snap) if ids]
+    if not held:
+        return
+    calls = [ops.renew(w.shards[i], w.group, w.consumer, snap[i]) for i in held]
+    replies = await run_calls(w.client, calls, queue=w.name)
+    for i, lost in zip(held, replies, strict=True):
+        still = [eid for eid in lost if (i, eid) in w.held]
+        if still:
+            w.renewer.on_lost(i, still)
+
+
 async def reclaim_once(w: Worker) -> int:
     """Reclaim stalled entries of every shard (looping each until cursor 0-0).
 
     Returns how many entries were taken over to run here.
     """
+    await renew_own(w)
     taken = 0
     for shard in w.shards:
         cursor = "0-0"
