@@ -25,7 +25,7 @@ MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
 # need not have them all): the documented vocabulary.
 KNOWN_VALUES = {
     "reason": {*DEAD_REASONS, "too_large", "invalid", "unknown_job", "redis_error"},
-    "outcome": {"completed", "retried", "failed", "delayed"},
+    "outcome": {"completed", "retried", "failed", "delayed", "released"},
 }
 
 
