@@ -73,8 +73,10 @@ def test_mypy_refuses_another_model_and_accepts_the_jobs_own(
     bad.write_text(bad_src)
     config = tmp_path / "mypy.ini"
     config.write_text(f"[mypy]\nstrict = True\nplugins = pydantic.mypy\nmypy_path = {SRC}\n")
-    # A cache kept across runs (pytest's own cache dir) keeps this test under a second.
-    cache = request.config.cache.mkdir("mypy-typing") if request.config.cache else tmp_path
+    # A cache kept across runs (pytest's own cache dir) keeps this test under a second;
+    # scripts/test runs without the cache plugin, so fall back to a fresh directory.
+    store = getattr(request.config, "cache", None)
+    cache = store.mkdir("mypy-typing") if store is not None else tmp_path / "mypy-cache"
     out, err, _ = mypy_api.run(
         ["--config-file", str(config), "--cache-dir", str(cache), str(good), str(bad)]
     )
