@@ -86,7 +86,7 @@ class Evaluation(
     tenant_field="project_id",
     defaults=JobDefaults(
         attempts=5,
-        backoff=Backoff.exponential(timedelta(milliseconds=100), max_delay=timedelta(seconds=5)),
+        backoff=Backoff.exponential(timedelta(milliseconds=50), max_delay=timedelta(seconds=5)),
     ),
 ):
     evaluate_entity = job("evaluate-entity", EvaluateEntity)
