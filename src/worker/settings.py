@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from streamq.app import App
 from streamq.errors import ConfigurationError
@@ -297,7 +297,8 @@ def parse_settings(env: Mapping[str, str], *, lanes: Iterable[str]) -> Settings:
         redis_prefix=r.get("REDIS_PREFIX", str.strip, "streamq"),
         redis_cluster=cluster,
         worker_group=r.get("WORKER_GROUP", str.strip, "streamq"),
-        log_format=r.choice("LOG_FORMAT", ("json", "text", "auto"), "auto", upper=False),  # type: ignore[arg-type]
+        log_format=cast(LogFormat, r.choice("LOG_FORMAT", ("json", "text", "auto"), "auto",
+                                            upper=False)),
         log_level=r.choice("LOG_LEVEL", _LEVELS, "INFO", upper=True),
         metrics_port=r.get("METRICS_PORT", lambda v: _int(v, 1, 65535), None),
         metrics_host=r.get("METRICS_HOST", str.strip, "0.0.0.0"),
