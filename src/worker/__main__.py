@@ -27,7 +27,12 @@ from urllib.parse import urlsplit
 import redis
 
 from streamq.app import App
-from streamq.errors import ConfigurationError, StreamqError, UnsafeRedisConfig
+from streamq.errors import (
+    ConfigurationError,
+    RedisUnavailable,
+    StreamqError,
+    UnsafeRedisConfig,
+)
 from streamq.observe import ObservabilityConfig, build_hooks, start
 from streamq.runtime.manager import WorkerManager
 from worker.logs import configure_logging
@@ -156,7 +161,7 @@ def main(env: Mapping[str, str] | None = None) -> int:
     except ConfigurationError as exc:
         _log.error("cannot start: %s", exc)
         return EXIT_USAGE
-    except redis.ConnectionError as exc:
+    except (redis.ConnectionError, RedisUnavailable) as exc:
         where = _where(settings)
         _log.error("cannot reach Redis at %s: %s", where, exc)
         return EXIT_FAILED

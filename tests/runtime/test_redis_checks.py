@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
-from streamq import Queue, QueueContract, UnsafeRedisConfig, job
+from streamq import Queue, QueueContract, RedisUnavailable, UnsafeRedisConfig, job
 from streamq.app import App
 from streamq.job import Job
 from streamq.runtime import WorkerManager
@@ -95,3 +95,23 @@ async def test_worker_recreates_a_consumer_group_deleted_under_it(managers, ared
     assert [g["name"] for g in groups] == [b"streamq"]
     await q.add(Checked.unit, Unit(n=3))
     await wait_until(lambda: ran == [1, 2, 3], what="the worker to keep consuming")
+
+
+async def test_start_against_a_dead_redis_raises_redis_unavailable_and_close_after_it_is_clean(
+    prefix: str,
+) -> None:
+    from tests.support.redis_server import free_port
+
+    app = App([Checked])
+
+    @app.processor(Checked)
+    async def noop(job: Job[Unit]) -> None:
+        return None
+
+    manager = WorkerManager(redis_url=f"redis://127.0.0.1:{free_port()}/0", prefix=prefix)
+    manager.register_app(app)
+    with pytest.raises(RedisUnavailable) as raised:
+        await manager.start()
+    await manager.close_workers()
+    assert isinstance(raised.value, RedisUnavailable)
+    assert "unreachable" in str(raised.value)

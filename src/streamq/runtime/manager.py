@@ -24,6 +24,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from streamq._redis import map_error
 from streamq.app import App, Registration
 from streamq.contracts import Lane, QueueContract
 from streamq.errors import ConfigurationError, RegistrationError, UnsafeRedisConfig
@@ -170,6 +171,10 @@ class WorkerManager:
         try:
             cfg = await client.config_get("maxmemory-policy")
         except Exception as exc:
+            mapped = map_error(exc)
+            if mapped is not None:
+                raise mapped from exc
+            # CONFIG is often disabled on managed Redis: say so, and go on.
             _log.warning("cannot read maxmemory-policy; make sure it is noeviction",
                          extra={"error": repr(exc)})
             return

@@ -134,6 +134,7 @@ class Worker:
         self._cond = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
         self._service: list[asyncio.Task[None]] = []
+        self._readers: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused_until = 0.0
         self._paused = False
@@ -178,6 +179,11 @@ class Worker:
         if self.closing:
             return
         self.closing = True
+        if not self._service:
+            # start() never finished: nothing was fetched, so nothing is held or running.
+            self.renewer.stop()
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            return
         timeout = self.options.shutdown_timeout_s if timeout_s is None else timeout_s
         async with self._cond:
             self._cond.notify_all()
@@ -331,8 +337,14 @@ class Worker:
         finally:
             self.active -= 1
             self.hooks.active_changed(self.name, self.active)
-            async with self._cond:
-                self._cond.notify_all()
+            if self.buffer and not self.closing and self.options.limiter is None:
+                # The freed slot takes the next buffered entry now: waking the dispatcher
+                # (and the reader, whose wait needs an empty buffer) through the condition
+                # cost two task switches per job.
+                self._start(*self.buffer.popleft())
+            else:
+                async with self._cond:
+                    self._cond.notify_all()
 
     # -- settles and locks -----------------------------------------------------------------
     def settle(self, op: SettleOp) -> asyncio.Future[bool]:
@@ -362,7 +374,7 @@ class Worker:
         for eid in ids:
             job = self.running.get((idx, eid))
             if job is not None:
-                job._lost.set()
+                job._lost = True
             else:
                 self.held.discard(idx, eid)
         if dropped:
