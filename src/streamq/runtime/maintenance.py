@@ -174,7 +174,10 @@ async def reclaim_loop(w: Worker) -> None:
     while not w.closing:
         try:
             await heartbeat(w)
-            await reclaim_once(w)
+            # A paused lane starts nothing new, reclaimed jobs included: they stay pending
+            # (not lost) until the lane is resumed.
+            if not await w.is_paused():
+                await reclaim_once(w)
         except Exception as exc:
             w.hooks.redis_error(w.name, exc)
         await asyncio.sleep(interval)

@@ -219,7 +219,7 @@ class Worker:
             if self.closing:
                 return
             try:
-                if await self._is_paused():
+                if await self.is_paused():
                     await asyncio.sleep(0.2)
                     continue
                 reply = await self.fetch_client.xreadgroup(
@@ -406,7 +406,8 @@ class Worker:
             },
         )
 
-    async def _is_paused(self) -> bool:
+    async def is_paused(self) -> bool:
+        """Whether the lane is paused (meta hash ``paused``); cached for up to a second."""
         now = time.monotonic()
         if now >= self._paused_until:
             self._paused = bool(await self.client.hget(self.keys.meta, "paused"))
