@@ -129,6 +129,13 @@ class Workers:
         await self.ready(proc, timeout_s=timeout_s)
         return proc
 
+    async def start_all(self, *consumers: str, **options: Any) -> dict[str, WorkerProc]:
+        """Spawn workers side by side (start-up overlaps) and wait until all are ready."""
+        procs = {c: self.spawn(c, **dict(options)) for c in consumers}
+        for p in procs.values():
+            await self.ready(p)
+        return procs
+
     async def ready(self, proc: WorkerProc, *, timeout_s: float = 15.0) -> None:
         await self.wait_for(
             lambda: self.log.records("ready", pid=proc.pid),

@@ -97,7 +97,7 @@ async def test_sigterm_releases_a_sync_job_past_the_timeout_to_another_worker(
     opts = {"lock": LOCK_S, "stalled": 0.5, "shutdown_timeout": 1.0}
     a = await workers.start("a", mode="slow", **opts)
     b = workers.spawn("b", **opts)
-    job_id = await queue.add(Chaos.work, Work(n=1, sleep_s=3.0))
+    job_id = await queue.add(Chaos.work, Work(n=1, sleep_s=2.0))
     first = await workers.wait_record("start", job=job_id, timeout_s=10)
     holder, other = (a, b) if first["consumer"] == "a" else (b, a)
     await workers.ready(other)
@@ -111,7 +111,7 @@ async def test_sigterm_releases_a_sync_job_past_the_timeout_to_another_worker(
     assert taken["attempt"] == first["attempt"]
     # A thread cannot be stopped: the process exits once the abandoned sync call returns,
     # its result ignored (the job is the other worker's now).
-    assert await holder.wait_exit(3.0 + 3) == 0, workers.diagnostics([holder])
+    assert await holder.wait_exit(2.0 + 3) == 0, workers.diagnostics([holder])
     [released] = workers.log.records("end", job=job_id, consumer=holder.consumer)
     assert released["outcome"] == "released"
     done = await workers.wait_record("end", job=job_id, consumer=other.consumer, timeout_s=10)

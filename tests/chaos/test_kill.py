@@ -28,28 +28,30 @@ OPTS = {"lock": LOCK_S, "stalled": STALLED_S}
 async def test_killed_workers_job_is_finished_by_another_worker_with_attempt_unchanged(
     workers: Workers, queue: Queue[Chaos], aredis: Any
 ) -> None:
-    a = await workers.start("a", **OPTS)
+    procs = await workers.start_all("a", "b", **OPTS)
     job_id = await queue.add(Chaos.work, Work(n=1, sleep_s=2.0))
-    first = await workers.wait_record("start", job=job_id, consumer="a", timeout_s=10)
-    await workers.start("b", **OPTS)
+    first = await workers.wait_record("start", job=job_id, timeout_s=10)
+    victim = procs.pop(first["consumer"])
+    [other] = procs.values()
 
-    killed_at = a.kill()
+    killed_at = victim.kill()
 
     rerun = await workers.wait_record(
-        "start", job=job_id, consumer="b", timeout_s=LOCK_S + STALLED_S + SLACK_S + 5
+        "start", job=job_id, consumer=other.consumer,
+        timeout_s=LOCK_S + STALLED_S + SLACK_S + 5,
     )
     assert rerun["t"] - killed_at <= LOCK_S + STALLED_S + SLACK_S
     assert rerun["attempt"] == first["attempt"] == 1
     assert rerun["entry"] == first["entry"], "a reclaim keeps the stream entry"
     pending = await workers.pending_entry(aredis, rerun["shard"], rerun["entry"])
     assert pending is not None
-    assert pending["consumer"] == b"b"
+    assert pending["consumer"] == other.consumer.encode()
     assert pending["times_delivered"] == 2
 
-    done = await workers.wait_record("end", job=job_id, consumer="b", timeout_s=10)
+    done = await workers.wait_record("end", job=job_id, consumer=other.consumer, timeout_s=10)
     assert done["outcome"] == "completed"
     await workers.wait_for(lambda: workers.drained(aredis), timeout_s=5, what="queue drained")
-    assert sum(r["count"] for r in workers.log.records("reclaimed", consumer="b")) == 1
+    assert sum(r["count"] for r in workers.log.records("reclaimed", consumer=other.consumer)) == 1
     assert await workers.dead_letters(aredis) == []
 
 
@@ -75,8 +77,7 @@ async def _run_batch(
     # A job in flight at two kills in a row is rightly dead-lettered as stalled; this test
     # is about loss, so allow as many redeliveries as there are kills.
     opts = {**OPTS, "concurrency": 6, "max_stalled": kills}
-    victim = await workers.start("v0", **opts)
-    await workers.start("steady", **opts)
+    victim = (await workers.start_all("v0", "steady", **opts))["v0"]
     ids = await queue.add_bulk(
         JobRequest(Chaos.work, Work(n=i, sleep_s=rng.uniform(0.02, 0.12))) for i in range(jobs)
     )
@@ -149,23 +150,20 @@ async def test_no_job_is_lost_over_repeated_kills_and_restarts(
 async def test_job_stalled_more_than_max_stalled_count_is_dead_lettered_as_stalled(
     workers: Workers, queue: Queue[Chaos], aredis: Any
 ) -> None:
-    opts = {**OPTS, "max_stalled": 1}
-    a = await workers.start("a", **opts)
+    procs = await workers.start_all("a", "b", "c", **OPTS, max_stalled=1)
     job_id = await queue.add(Chaos.work, Work(n=1, sleep_s=60))
-    await workers.wait_record("start", job=job_id, consumer="a", timeout_s=10)
-    spare = {"b": workers.spawn("b", **opts), "c": workers.spawn("c", **opts)}
-    for p in spare.values():
-        await workers.ready(p)
+    first = await workers.wait_record("start", job=job_id, timeout_s=10)
+    stalled_in = [procs.pop(first["consumer"])]
 
-    a.kill()  # stall 1: reclaimed and run again
+    stalled_in[0].kill()  # stall 1: reclaimed and run again
     second = await workers.wait_for(
-        lambda: [r for r in workers.log.runs(job_id) if r["consumer"] != "a"],
+        lambda: workers.log.runs(job_id)[1:],
         timeout_s=LOCK_S + STALLED_S + SLACK_S + 5,
         what="the first reclaim",
     )
-    holder = spare.pop(second[0]["consumer"])
-    survivor = next(iter(spare.values()))
-    holder.kill()  # stall 2: more than max_stalled_count, so dead-lettered
+    stalled_in.append(procs.pop(second[0]["consumer"]))
+    [survivor] = procs.values()
+    stalled_in[1].kill()  # stall 2: more than max_stalled_count, so dead-lettered
 
     dead = await workers.wait_for(
         lambda: workers.dead_letters(aredis),
@@ -175,7 +173,7 @@ async def test_job_stalled_more_than_max_stalled_count_is_dead_lettered_as_stall
     assert len(dead) == 1
     assert dead[0]["id"] == job_id
     assert dead[0]["reason"] == "stalled"
-    assert [r["consumer"] for r in workers.log.runs(job_id)] == ["a", holder.consumer]
+    assert [r["consumer"] for r in workers.log.runs(job_id)] == [p.consumer for p in stalled_in]
     assert await workers.drained(aredis)
     assert workers.log.records("dead", consumer=survivor.consumer, reason="stalled")
     assert survivor.alive

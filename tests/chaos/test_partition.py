@@ -21,34 +21,37 @@ STALLED_S = 0.5
 async def test_stale_worker_resumed_after_a_pause_cannot_complete_a_reclaimed_job(
     workers: Workers, queue: Queue[Chaos], aredis: Any
 ) -> None:
-    opts = {"lock": LOCK_S, "stalled": STALLED_S}
-    a = await workers.start("a", **opts)
+    procs = await workers.start_all("a", "b", lock=LOCK_S, stalled=STALLED_S)
     job_id = await queue.add(Chaos.work, Work(n=1, sleep_s=3.0))
-    first = await workers.wait_record("start", job=job_id, consumer="a", timeout_s=10)
-    a.signal(signal.SIGSTOP)
-    await workers.start("b", **opts)
+    first = await workers.wait_record("start", job=job_id, timeout_s=10)
+    stale = procs.pop(first["consumer"])
+    [other] = procs.values()
+    stale.signal(signal.SIGSTOP)
 
     rerun = await workers.wait_record(
-        "start", job=job_id, consumer="b", timeout_s=LOCK_S + STALLED_S + 8
+        "start", job=job_id, consumer=other.consumer, timeout_s=LOCK_S + STALLED_S + 8
     )
     assert rerun["entry"] == first["entry"]
-    a.signal(signal.SIGCONT)
+    stale.signal(signal.SIGCONT)
 
-    # a's processor has long run out its 3 s: it returns at once and a tries to complete.
-    lost = await workers.wait_record("lock_lost", consumer="a", timeout_s=10)
+    # The stale processor sleeps out its 3 s, returns while the other worker still runs the
+    # job, and its worker tries to complete it.
+    lost = await workers.wait_record("lock_lost", consumer=stale.consumer, timeout_s=10)
     assert lost["count"] == 1
-    # Renewal ran at once on SIGCONT and found the job gone, well before it returned.
-    [stale_end] = workers.log.records("end", job=job_id, consumer="a")
+    # Renewal ran at once on SIGCONT and found the job gone, before it returned.
+    [stale_end] = workers.log.records("end", job=job_id, consumer=stale.consumer)
     assert stale_end["outcome"] == "lock_lost"
-    assert not workers.log.records("end", job=job_id, consumer="b"), "b was meant to be busy"
+    assert not workers.log.records("end", job=job_id, consumer=other.consumer), (
+        "the other worker was meant to be still running the job"
+    )
     pending = await workers.pending_entry(aredis, rerun["shard"], rerun["entry"])
     assert pending is not None, "the stale completion acknowledged the new owner's entry"
-    assert pending["consumer"] == b"b"
+    assert pending["consumer"] == other.consumer.encode()
 
-    done = await workers.wait_record("end", job=job_id, consumer="b", timeout_s=10)
+    done = await workers.wait_record("end", job=job_id, consumer=other.consumer, timeout_s=10)
     assert done["outcome"] == "completed"
     await workers.wait_for(lambda: workers.drained(aredis), timeout_s=5, what="queue drained")
-    assert not workers.log.records("lock_lost", consumer="b")
-    assert [r["consumer"] for r in workers.log.runs(job_id)] == ["a", "b"]
+    assert not workers.log.records("lock_lost", consumer=other.consumer)
+    assert [r["consumer"] for r in workers.log.runs(job_id)] == [stale.consumer, other.consumer]
     assert await workers.dead_letters(aredis) == []
-    assert a.alive
+    assert stale.alive
