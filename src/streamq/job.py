@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -38,10 +37,10 @@ class Job(Generic[P]):
 
     __slots__ = (
         "_extend",
+        "_logger",
         "_lost",
         "attempt",
         "id",
-        "logger",
         "max_attempts",
         "name",
         "payload",
@@ -81,11 +80,22 @@ class Job(Generic[P]):
         self.trace_context = trace_context
         self.tenant = tenant
         self._extend = extend_lock
-        self._lost = threading.Event()
-        context = {"queue": queue, "job_id": id, "job": name, "attempt": attempt}
-        if tenant:
-            context["tenant"] = tenant
-        self.logger = logging.LoggerAdapter(_log, context)
+        # Set by the worker's loop, read from any thread: a plain bool is enough, and a
+        # threading.Event (a lock and a condition) per job cost more than the rest of Job.
+        self._lost = False
+        self._logger: logging.LoggerAdapter[logging.Logger] | None = None
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger carrying queue, job id, name, attempt (and tenant) as context."""
+        if self._logger is None:
+            context: dict[str, Any] = {
+                "queue": self.queue, "job_id": self.id, "job": self.name, "attempt": self.attempt
+            }
+            if self.tenant:
+                context["tenant"] = self.tenant
+            self._logger = logging.LoggerAdapter(_log, context)
+        return self._logger
 
     @property
     def is_final_attempt(self) -> bool:
@@ -95,7 +105,7 @@ class Job(Generic[P]):
     @property
     def lock_lost(self) -> bool:
         """True once another worker reclaimed this job; its result will not be acknowledged."""
-        return self._lost.is_set()
+        return self._lost
 
     def extend_lock(self) -> None:
         """Renew this worker's locks now (thread-safe; renewal also runs on its own)."""
