@@ -22,6 +22,7 @@ __all__ = [
     "RawJob",
     "decode_entry",
     "encode_fields",
+    "validate_payload",
     "validation_fields",
 ]
 
@@ -119,11 +120,27 @@ def _b(v: Any) -> bytes:
     return v if isinstance(v, bytes) else str(v).encode("utf-8")
 
 
-def _field(fields: Mapping[Any, Any], name: str) -> bytes | None:
-    v = fields.get(name.encode())
-    if v is None:
-        v = fields.get(name)
-    return None if v is None else _b(v)
+_NAMES_BYTES = tuple((n, n.encode()) for n in FIELD_NAMES)
+
+
+def _lookup(fields: Mapping[Any, Any]) -> tuple[dict[str, bytes | None], bool]:
+    """Each envelope field as bytes (None when absent), and whether ``fields`` is exactly
+    the envelope's bytes-to-bytes dict, as redis-py returns it (then it needs no copy)."""
+    norm: dict[str, bytes | None] = {}
+    exact = type(fields) is dict and len(fields) == len(FIELD_NAMES)
+    get = fields.get
+    for name, key in _NAMES_BYTES:
+        v = get(key)
+        if v is None:
+            exact = False
+            v = get(name)
+            if v is not None:
+                v = _b(v)
+        elif type(v) is not bytes:
+            exact = False
+            v = _b(v)
+        norm[name] = v
+    return norm, exact
 
 
 def _malformed(eid: str, job_id: str | None, name: str, problem: str) -> InvalidPayload:
@@ -162,7 +179,7 @@ def decode_entry(entry_id: bytes | str, fields: Mapping[Any, Any]) -> RawJob:
     Field names may be bytes or str (a client with ``decode_responses=True``).
     """
     eid = _s(entry_id)
-    norm = {n: _field(fields, n) for n in FIELD_NAMES}
+    norm, exact = _lookup(fields)
     text: dict[str, str] = {}
     job_id: str | None = None
     for n in ("id", "name"):
@@ -195,7 +212,9 @@ def decode_entry(entry_id: bytes | str, fields: Mapping[Any, Any]) -> RawJob:
         due_ms=due_ms,
         retry_baggage=_json_field(eid, job_id, "baggage", norm["baggage"]),
         trace_context=_json_field(eid, job_id, "trace", norm["trace"]),
-        fields={_b(k): _b(v) for k, v in fields.items()},
+        # The worker decodes every job: keep redis-py's dict instead of copying it when it
+        # already is bytes to bytes with nothing else in it (nothing mutates it).
+        fields=fields if exact else {_b(k): _b(v) for k, v in fields.items()},  # type: ignore[arg-type]
     )
 
 
@@ -230,18 +249,7 @@ class Envelope(Generic[P]):
     @classmethod
     def from_raw(cls, raw: RawJob, model: type[P], *, queue: str | None = None) -> Envelope[P]:
         """Validate ``raw``'s payload against ``model``; raises ``InvalidPayload``."""
-        try:
-            payload = model.model_validate_json(raw.payload_json)
-        except ValidationError as exc:
-            fields = validation_fields(exc)
-            raise InvalidPayload(
-                f"queue {queue!r} job {raw.name!r} id {raw.id!r}: payload failed validation "
-                f"on field(s) {', '.join(fields)}: {exc.errors()[0]['msg']}",
-                queue=queue,
-                job=raw.name,
-                job_id=raw.id,
-                fields=fields,
-            ) from exc
+        payload = validate_payload(raw, model, queue=queue)
         return cls(
             id=raw.id,
             name=raw.name,
@@ -251,6 +259,23 @@ class Envelope(Generic[P]):
             retry_baggage=raw.retry_baggage,
             trace_context=raw.trace_context,
         )
+
+
+def validate_payload(raw: RawJob, model: type[P], *, queue: str | None = None) -> P:
+    """``raw``'s payload validated against ``model``; raises ``InvalidPayload`` naming the
+    failing fields. (The worker needs only the payload, not a whole :class:`Envelope`.)"""
+    try:
+        return model.model_validate_json(raw.payload_json)
+    except ValidationError as exc:
+        fields = validation_fields(exc)
+        raise InvalidPayload(
+            f"queue {queue!r} job {raw.name!r} id {raw.id!r}: payload failed validation "
+            f"on field(s) {', '.join(fields)}: {exc.errors()[0]['msg']}",
+            queue=queue,
+            job=raw.name,
+            job_id=raw.id,
+            fields=fields,
+        ) from exc
 
 
 def add_error_to_baggage(

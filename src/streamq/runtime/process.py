@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamq import ops
 from streamq.backoff import compute_backoff_ms
-from streamq.envelope import Envelope, RawJob, add_error_to_baggage, decode_entry
+from streamq.envelope import RawJob, add_error_to_baggage, decode_entry, validate_payload
 from streamq.errors import InvalidPayload, JobTimeout, PermanentError, Retry
 from streamq.hooks import JobInfo
 from streamq.job import Job
@@ -144,20 +144,20 @@ async def process_entry(
                     attempts=raw.attempt - 1, job_name=raw.name if spec else "")
         return
     try:
-        env = Envelope.from_raw(raw, spec.model, queue=w.lane.name)
+        payload = validate_payload(raw, spec.model, queue=w.lane.name)
     except Exception as exc:
         # A model validator may raise more than ValueError (pydantic passes a TypeError or
         # KeyError through): still poison, never run.
         await _dead(w, shard, entry_id, fields, reason="invalid_payload", error=exc,
                     attempts=raw.attempt - 1, job_name=raw.name)
         return
-    await _run(w, shard, raw, env, handler)
+    await _run(w, shard, raw, payload, handler)
 
 
-async def _run(w: Worker, shard: ShardKeys, raw: RawJob, env: Envelope[Any], handler: Any) -> None:
+async def _run(w: Worker, shard: ShardKeys, raw: RawJob, payload: Any, handler: Any) -> None:
     tenant = None
     if w.contract.tenant_field:
-        tenant = str(getattr(env.payload, w.contract.tenant_field, "") or "") or None
+        tenant = str(getattr(payload, w.contract.tenant_field, "") or "") or None
     info = JobInfo(
         queue=w.lane.name,
         shard=shard.name,
@@ -175,7 +175,7 @@ async def _run(w: Worker, shard: ShardKeys, raw: RawJob, env: Envelope[Any], han
         ),
     )
     job: Job[Any] = Job(
-        id=raw.id, name=raw.name, queue=w.lane.name, shard=shard.name, payload=env.payload,
+        id=raw.id, name=raw.name, queue=w.lane.name, shard=shard.name, payload=payload,
         attempt=raw.attempt, max_attempts=w.max_attempts, timestamp=raw.timestamp_ms,
         retry_baggage=raw.retry_baggage, trace_context=raw.trace_context, tenant=tenant,
         extend_lock=w.renew_now,
