@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
@@ -173,5 +174,28 @@ def main(env: Mapping[str, str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def _exit(code: int) -> None:
+    """Exit with ``code``, even when an abandoned sync processor's thread still runs.
+
+    A sync processor cannot be stopped: at shutdown its job was already released to another
+    worker, and waiting for the thread (as interpreter exit would) could wait forever.
+    """
+    stuck = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and t.is_alive() and not t.daemon
+    ]
+    if stuck:
+        _log.warning(
+            "exiting with processor threads still running; their jobs were released",
+            extra={"threads": stuck},
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

@@ -2,12 +2,13 @@
 
 Notes whose ``n`` is a multiple of 5 fail every attempt (retried once, then dead-lettered),
 so the worker logs failures and retries of jobs whose payload carries a canary string; a
-note with a negative ``n`` runs for a minute.
+note or chore with a negative ``n`` runs for a minute (the chore in a thread).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import timedelta
 
 from pydantic import BaseModel
@@ -54,4 +55,6 @@ async def handle_note(job: Job[Note]) -> None:
 
 @app.processor(Chores, lock_duration=2, limiter=Limiter(max_jobs=100, duration=1.0))
 def do_chore(job: Job[Note]) -> None:
+    if job.payload.n < 0:
+        time.sleep(60)  # a sync call that outlives any shutdown timeout
     job.logger.info("chore done")

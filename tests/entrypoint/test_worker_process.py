@@ -196,3 +196,25 @@ def test_second_signal_stops_at_once_leaving_the_job_to_be_reclaimed(
     assert time.monotonic() - started < 20  # not the 60 s shutdown timeout
     assert w.logged("second signal: stopping now; unfinished jobs are reclaimed after their "
                     "lock expires")
+
+
+def test_sync_job_past_the_shutdown_timeout_is_released_and_the_process_still_exits_0(
+    sredis: redis.Redis, redis_url: str, prefix: str, tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    SyncQueue(Chores, sredis, prefix=prefix).add(Chores.chore, Note(n=-1))
+    shard = QueueKeys(prefix, "chores", 1).shards[0]
+    env = worker_env(redis_url, prefix, QUEUE_CHORES_SHUTDOWN_TIMEOUT="1")
+    w = WorkerProcess(env, tmp_path / "worker.log")
+    workers.append(w)
+    w.wait_consuming()
+    wait_for(lambda: sredis.xpending(shard.stream, "streamq")["pending"] == 1, 20,
+             "the long sync chore to start")
+    started = time.monotonic()
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(30) == 0
+    # Not the 60 s the abandoned thread would take: the job went back to the stream.
+    assert time.monotonic() - started < 20
+    assert sredis.xlen(shard.stream) == 1
+    assert sredis.xpending(shard.stream, "streamq")["pending"] == 0
+    assert w.logged("exiting with processor threads still running; their jobs were released")
