@@ -98,12 +98,12 @@ async def _dead(
         dead_cap=w.options.dead_letter_cap,
     )
 
-    def count(fut: asyncio.Future[bool]) -> None:
+    def count(ok: bool) -> None:
         # Only a dead letter that landed counts: a fenced-out fail is a lost lock instead.
-        if not fut.cancelled() and fut.result():
+        if ok:
             w.on_dead(shard, job_name, reason)
 
-    w.settle(SettleOp("fail", shard, entry_id, call)).add_done_callback(count)
+    w.settle(SettleOp("fail", shard, entry_id, call, then=count))
 
 
 def _retry(

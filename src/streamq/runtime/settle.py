@@ -13,7 +13,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from streamq import ops
@@ -30,15 +30,17 @@ Kind = Literal["complete", "release", "retry", "fail"]
 
 @dataclass(slots=True)
 class SettleOp:
-    """One settle. ``call`` is given for retry and fail; complete/release are batched."""
+    """One settle. ``call`` is given for retry and fail; complete/release are batched.
+
+    ``then(ok)`` runs when the settle lands: ok is True when applied, False when the lock was
+    lost. (A plain callback, not a future per job: the hot path settles every job.)
+    """
 
     kind: Kind
     shard: ShardKeys
     entry_id: str
     call: Call | None = None
-    done: asyncio.Future[bool] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    then: Callable[[bool], None] | None = None
 
 
 class Settler:
@@ -53,8 +55,11 @@ class Settler:
         consumer: str,
         hooks: Hooks,
         on_unavailable: Callable[[BaseException], None] | None = None,
+        on_settled: Callable[[SettleOp, bool], None] | None = None,
     ) -> None:
         self.client = client
+        # Called for each op as its flush lands (before the op's own ``then``).
+        self.on_settled = on_settled
         self.queue = queue
         self.group = group
         self.consumer = consumer
@@ -66,12 +71,11 @@ class Settler:
         self._idle.set()
         self.flushes = 0
 
-    def submit(self, op: SettleOp) -> asyncio.Future[bool]:
-        """Queue ``op``; its future resolves True when applied, False when the lock was lost."""
+    def submit(self, op: SettleOp) -> None:
+        """Queue ``op`` for the next flush."""
         self._pending.append(op)
         self._idle.clear()
         self._wake.set()
-        return op.done
 
     @property
     def pending(self) -> int:
@@ -137,9 +141,16 @@ class Settler:
             if isinstance(reply, list):
                 lost = set(reply)
                 for op in group_ops:
-                    if not op.done.done():
-                        op.done.set_result(op.entry_id not in lost)
+                    self._resolve(op, op.entry_id not in lost)
             else:
-                op = group_ops[0]
-                if not op.done.done():
-                    op.done.set_result(bool(reply))
+                self._resolve(group_ops[0], bool(reply))
+
+    def _resolve(self, op: SettleOp, ok: bool) -> None:
+        try:
+            if self.on_settled is not None:
+                self.on_settled(op, ok)
+            if op.then is not None:
+                op.then(ok)
+        except Exception:
+            # The rest of the batch must still resolve: their entries are held until then.
+            _log.exception("settle callback failed", extra={"queue": self.queue})

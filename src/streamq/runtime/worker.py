@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import random
 import time
@@ -120,7 +119,8 @@ class Worker:
             max_workers=options.concurrency + 4, thread_name_prefix=f"streamq-{lane.name}"
         )
         self.settler = Settler(
-            client, queue=lane.name, group=group, consumer=consumer, hooks=hooks
+            client, queue=lane.name, group=group, consumer=consumer, hooks=hooks,
+            on_settled=self._settled,
         )
         self.renewer = LockRenewer(
             renew_client,
@@ -336,26 +336,24 @@ class Worker:
             self.held.discard(idx, eid)
         finally:
             self.active -= 1
-            self.hooks.active_changed(self.name, self.active)
             if self.buffer and not self.closing and self.options.limiter is None:
                 # The freed slot takes the next buffered entry now: waking the dispatcher
                 # (and the reader, whose wait needs an empty buffer) through the condition
-                # cost two task switches per job.
+                # cost two task switches per job. _start reports the active count.
                 self._start(*self.buffer.popleft())
             else:
+                self.hooks.active_changed(self.name, self.active)
                 async with self._cond:
                     self._cond.notify_all()
 
     # -- settles and locks -----------------------------------------------------------------
-    def settle(self, op: SettleOp) -> asyncio.Future[bool]:
-        """Submit a settle; when it lands the entry is no longer held."""
-        fut = self.settler.submit(op)
-        fut.add_done_callback(functools.partial(self._settled, op))
-        return fut
+    def settle(self, op: SettleOp) -> None:
+        """Submit a settle; when it lands the entry is no longer held (see :meth:`_settled`)."""
+        self.settler.submit(op)
 
-    def _settled(self, op: SettleOp, fut: asyncio.Future[bool]) -> None:
+    def _settled(self, op: SettleOp, ok: bool) -> None:
         self.held.discard(op.shard.index, op.entry_id)
-        if not fut.cancelled() and fut.result() is False:
+        if not ok:
             self.hooks.lock_lost(self.name, op.shard.name, 1)
             _log.warning(
                 "lock lost: another worker reclaimed the job; not acknowledged",
