@@ -130,6 +130,7 @@ class Worker:
             consumer=consumer,
             interval_s=options.lock_renew_interval_ms / 1000,
             on_lost=self._lost_from_thread,
+            on_error=self._renew_failed_from_thread,
         )
         self._cond = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -198,7 +199,12 @@ class Worker:
             _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
             # A cancelled processor may still clean up: re-cancel it only now and then.
             await stop_tasks(pending, every_s=1.0)
-        await self.settler.wait_idle(max(5.0, timeout))
+        if not await self.settler.wait_idle(max(5.0, timeout)):
+            _log.warning(
+                "shutting down with settles not sent (Redis unreachable); those jobs stay "
+                "pending and run again elsewhere after their lock expires",
+                extra={"queue": self.name, "unsent": self.settler.pending},
+            )
         self.renewer.stop()
         await stop_tasks([settle_task])
         await maintenance.leave_group(self)
@@ -359,6 +365,10 @@ class Worker:
                 "lock lost: another worker reclaimed the job; not acknowledged",
                 extra={"queue": self.name, "shard": op.shard.name, "entry_id": op.entry_id},
             )
+
+    def _renew_failed_from_thread(self, exc: BaseException) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.hooks.redis_error, self.name, exc)
 
     def _lost_from_thread(self, idx: int, ids: list[str]) -> None:
         if self._loop is not None:
