@@ -20,7 +20,7 @@ Json = dict[str, Any]
 ANNOTATIONS = frozenset(
     {"title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly"}
 )
-_ANNOTATIONS = ANNOTATIONS
+
 
 
 def canonical_json(obj: Any) -> str:
@@ -59,7 +59,7 @@ class _Node:
         s = node.schema
         for key in ("anyOf", "oneOf"):
             if isinstance(s.get(key), list):
-                rest = {k: v for k, v in s.items() if k != key and k not in _ANNOTATIONS}
+                rest = {k: v for k, v in s.items() if k != key and k not in ANNOTATIONS}
                 out: list[_Node] = []
                 for branch in s[key]:
                     out.extend(_Node({**rest, **branch}, self.defs).alternatives())
@@ -395,7 +395,7 @@ class _Comparer:
 
 
 def _strip(s: Json) -> Json:
-    return {k: v for k, v in s.items() if k not in _ANNOTATIONS}
+    return {k: v for k, v in s.items() if k not in ANNOTATIONS}
 
 
 def schema_diffs(old: Json, new: Json) -> list[_Diff]:
