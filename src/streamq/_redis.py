@@ -41,7 +41,7 @@ class Call:
     """One script invocation: the script, its KEYS and ARGV, and how to read its reply.
 
     ``command``, when given, is sent instead of the script: a transition that one Redis
-    command performs atomically on its own needs no script (see :func:`streamq.ops.enqueue`).
+    command performs atomically on its own needs no script (see :func:`streamq.ops.enqueue_ready`).
     """
 
     script: Script

@@ -51,6 +51,7 @@ BULK_BATCH_BYTES = 8 * 1024 * 1024
 """...and the most payload bytes: a batch of big payloads must not build one huge request."""
 
 SecondaryRule = Callable[[JobSpec[Any], BaseModel], bool]
+_PAYLOAD_AT = FIELD_NAMES.index("payload")
 
 
 def new_job_id() -> str:
@@ -407,7 +408,7 @@ class _BaseQueue(Generic[C]):
                     queue=self.name,
                 )
             p = self._prepare(r.job, r.payload, r.job_id, r.delay, r.sharding_key)
-            n = len(p.item.values[FIELD_NAMES.index("payload")])
+            n = len(p.item.values[_PAYLOAD_AT])
             if batch and (len(batch) >= BULK_BATCH or size + n > BULK_BATCH_BYTES):
                 batches.append(batch)
                 batch, size = [], 0
