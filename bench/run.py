@@ -72,17 +72,29 @@ class Runner:
         self._n += 1
         return f"bench{self._n}"
 
-    def median_run(self, what: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """Run ``fn`` ``repeat`` times; keep the run with the median rate (all rates kept)."""
-        runs = []
-        for _ in range(self.sizes.repeat):
-            gc.collect()
-            runs.append(fn())
-        runs.sort(key=lambda r: r["rate"])
-        best = dict(runs[len(runs) // 2])
-        best["rates"] = [r["rate"] for r in runs]
-        self.log(f"  {what:44s} {best['rate']:>10,.0f} jobs/s")
-        return best
+    def rounds(
+        self, runs: list[tuple[str, Callable[[], dict[str, Any]]]]
+    ) -> dict[str, dict[str, Any]]:
+        """Run every measurement once per round, ``repeat`` rounds, interleaved so that a
+        raw baseline and its streamq counterpart see the same machine load; keep each one's
+        run with the median rate (every rate is kept in ``rates``)."""
+        got: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in runs}
+        for r in range(self.sizes.repeat):
+            for name, fn in runs:
+                gc.collect()
+                got[name].append(fn())
+                if r == self.sizes.repeat - 1:
+                    rates = sorted(x["rate"] for x in got[name])
+                    self.log(f"  {name:44s} {statistics.median(rates):>10,.0f} jobs/s"
+                             + (f"  (runs: {', '.join(f'{x:,.0f}' for x in rates)})"
+                                if len(rates) > 1 else ""))
+        out = {}
+        for name, results in got.items():
+            results.sort(key=lambda x: x["rate"])
+            best = dict(results[len(results) // 2])
+            best["rates"] = [x["rate"] for x in results]
+            out[name] = best
+        return out
 
     # -- sections --------------------------------------------------------------------------
     def producer(self) -> dict[str, Any]:
@@ -106,8 +118,7 @@ class Runner:
             ("sq_bulk_async", lambda: asyncio.run(
                 producers.sq_bulk_async(u, self.prefix(), s.bulk_n, s.batch))),
         ]
-        for name, fn in runs:
-            out[name] = self.median_run(name, fn)
+        out.update(self.rounds(runs))
         return out
 
     def _filled(self, n: int) -> str:
@@ -142,18 +153,23 @@ class Runner:
         out: dict[str, Any] = {"raw": {}, "streamq": []}
         for mode in ("prefilled", "with_producer"):
             wp = mode == "with_producer"
+            runs: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+                (f"{kind}_{mode}",
+                 functools.partial(self._consume, kind, s.raw_consume_n, with_producer=wp))
+                for kind in ("raw_async", "raw_sync")
+            ]
+            runs += [
+                (f"streamq {proc} processor c={c} {mode}",
+                 functools.partial(self._consume, "sq", s.consume_n[c], concurrency=c,
+                                   processor=proc, with_producer=wp))
+                for proc in PROCESSORS for c in CONCURRENCY
+            ]
+            got = self.rounds(runs)
             for kind in ("raw_async", "raw_sync"):
-                out["raw"][f"{kind}_{mode}"] = self.median_run(
-                    f"{kind} {mode}",
-                    functools.partial(self._consume, kind, s.raw_consume_n, with_producer=wp),
-                )
+                out["raw"][f"{kind}_{mode}"] = got[f"{kind}_{mode}"]
             for proc in PROCESSORS:
                 for c in CONCURRENCY:
-                    row = self.median_run(
-                        f"streamq {proc} processor c={c} {mode}",
-                        functools.partial(self._consume, "sq", s.consume_n[c], concurrency=c,
-                                          processor=proc, with_producer=wp),
-                    )
+                    row = got[f"streamq {proc} processor c={c} {mode}"]
                     row.update({"processor": proc, "concurrency": c, "mode": mode})
                     out["streamq"].append(row)
         return out
