@@ -296,6 +296,13 @@ class Worker:
                 )
             if self.closing:
                 return
+            # A read already in flight when the lane was paused can still return entries:
+            # hand them back (fenced release) so a paused lane holds nothing.
+            if await self._safe(self.is_paused()):
+                while self.buffer:
+                    idx, eid, _ = self.buffer.popleft()
+                    self.settle(SettleOp("release", self.shards[idx], eid))
+                continue
             n = min(len(self.buffer), self._free())
             if limiter is not None:
                 grant = await self._safe(
