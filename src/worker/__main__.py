@@ -99,6 +99,8 @@ async def run(settings: Settings, app: App, *, stop: asyncio.Event | None = None
         host=settings.metrics_host,
         liveness_redis_timeout_s=settings.liveness_redis_timeout_s,
         liveness_wedge_timeout_s=settings.liveness_wedge_timeout_s,
+        otlp_endpoint=settings.otlp_endpoint,
+        service_name=settings.otel_service_name,
     )
     url = await asyncio.to_thread(_redis_url, settings)
     manager = WorkerManager(

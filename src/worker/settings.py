@@ -64,6 +64,13 @@ class SettingsError(ConfigurationError):
 
 
 # -- value parsers: each returns the value or raises ValueError with a short reason ---------
+def _url_ish(value: str) -> str:
+    value = value.strip()
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL")
+    return value
+
+
 def parse_bool(raw: str) -> bool:
     low = raw.strip().lower()
     if low in _TRUE:
@@ -176,6 +183,8 @@ class Settings:
     embedded_port: int = DEFAULT_EMBEDDED_PORT
     liveness_redis_timeout_s: float = 30.0
     liveness_wedge_timeout_s: float = 60.0
+    otlp_endpoint: str | None = None
+    otel_service_name: str = "streamq-worker"
     queues: tuple[str, ...] = ()
     overrides: Mapping[str, QueueOverrides] = field(default_factory=dict)
 
@@ -309,6 +318,12 @@ def parse_settings(env: Mapping[str, str], *, lanes: Iterable[str]) -> Settings:
         ),
         liveness_redis_timeout_s=r.get("LIVENESS_REDIS_TIMEOUT", _seconds, 30.0),
         liveness_wedge_timeout_s=r.get("LIVENESS_WEDGE_TIMEOUT", _seconds, 60.0),
+        # The standard OpenTelemetry variables: exporting starts when an endpoint is set and
+        # the SDK is not disabled (the exporter reads OTEL_EXPORTER_OTLP_HEADERS itself).
+        otlp_endpoint=None
+        if r.get("OTEL_SDK_DISABLED", parse_bool, False)
+        else r.get("OTEL_EXPORTER_OTLP_ENDPOINT", _url_ish, None),
+        otel_service_name=r.get("OTEL_SERVICE_NAME", str.strip, "streamq-worker"),
         queues=queues,
         overrides=overrides,
     )

@@ -346,3 +346,24 @@ def test_main_exits_2_naming_the_variable(
     err = capsys.readouterr().err
     assert variable in err
     assert err.startswith("python -m worker: invalid worker settings:")
+
+
+# -- OpenTelemetry's standard variables ----------------------------------------------------
+def test_otlp_endpoint_and_service_name_come_from_the_standard_otel_variables() -> None:
+    s = parse_settings(
+        env(OTEL_EXPORTER_OTLP_ENDPOINT="http://collector:4318", OTEL_SERVICE_NAME="ingest"),
+        lanes=LANES,
+    )
+    assert (s.otlp_endpoint, s.otel_service_name) == ("http://collector:4318", "ingest")
+
+
+def test_no_otlp_export_without_an_endpoint_or_when_the_sdk_is_disabled() -> None:
+    assert parse_settings(env(), lanes=LANES).otlp_endpoint is None
+    disabled = env(OTEL_EXPORTER_OTLP_ENDPOINT="http://collector:4318", OTEL_SDK_DISABLED="true")
+    assert parse_settings(disabled, lanes=LANES).otlp_endpoint is None
+
+
+def test_an_otlp_endpoint_that_is_not_a_url_is_an_error_naming_the_variable() -> None:
+    got = problems(env(OTEL_EXPORTER_OTLP_ENDPOINT="collector:4318"))
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in got
+    assert "http" in got["OTEL_EXPORTER_OTLP_ENDPOINT"]
