@@ -6,7 +6,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/app
 
 COPY pyproject.toml README.md LICENSE ./
 COPY src ./src
-RUN pip install --no-cache-dir ".[hiredis,metrics,tracing,otlp]" opentelemetry-distro
+RUN pip install --no-cache-dir ".[hiredis,metrics,tracing,otlp]"
 COPY examples ./examples
 
 EXPOSE 9100
