@@ -57,7 +57,7 @@ QUICK = Sizes(one_n=300, bulk_n=2_000, batch=500, raw_consume_n=2_000,
 FULL = Sizes(one_n=20_000, bulk_n=200_000, batch=500, raw_consume_n=200_000,
              consume_n={1: 10_000, 10: 50_000, 100: 200_000}, latency_rate=200,
              latency_s=10.0, memory_n=100_000, backlogs=(10_000, 100_000, 1_000_000),
-             backlog_jobs=20_000, repeat=3)
+             backlog_jobs=8_000, repeat=3)
 
 
 class Runner:
@@ -220,8 +220,10 @@ class Runner:
         for backlog in s.backlogs:
             p = self._filled(backlog)
             try:
+                # Stop well before the backlog runs out: the queue stays that deep throughout.
+                n = min(s.backlog_jobs, backlog * 4 // 5)
                 res = asyncio.run(consumers.sq_consume(
-                    self.url, p, s.backlog_jobs, concurrency=s.scaling_concurrency,
+                    self.url, p, n, concurrency=s.scaling_concurrency,
                     processor="async", backlog=backlog))
             finally:
                 consumers.drop(self.url, p)
