@@ -242,6 +242,8 @@ def chart(results: dict[str, Any], path: Path) -> bool:
         ax.axhline(raw[key]["rate"], color=color, linestyle=":",
                    label=f"raw {'redis.asyncio' if 'async' in key else 'redis-py'} loop "
                          "(COUNT 100), pre-filled")
+    ax.axhline(raw["raw_async_prefilled"]["rate"] * 0.5, color="gray", linestyle="--",
+               linewidth=1, label="target: 0.5x the raw redis.asyncio loop")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xticks([1, 10, 100], labels=["1", "10", "100"])
