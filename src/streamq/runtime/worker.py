@@ -325,11 +325,14 @@ class Worker:
                     break
                 self._start(*self.buffer.popleft())
 
-    def _start(self, idx: int, eid: str, fields: dict[bytes, bytes]) -> None:
+    def _start(
+        self, idx: int, eid: str, fields: dict[bytes, bytes], *, report: bool = True
+    ) -> None:
         self.active += 1
         self.started_total += 1
         self.last_started = time.monotonic()
-        self.hooks.active_changed(self.name, self.active)
+        if report:
+            self.hooks.active_changed(self.name, self.active)
         task = asyncio.get_running_loop().create_task(self._guarded(idx, eid, fields))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -352,8 +355,8 @@ class Worker:
             if self.buffer and not self.closing and self.options.limiter is None:
                 # The freed slot takes the next buffered entry now: waking the dispatcher
                 # (and the reader, whose wait needs an empty buffer) through the condition
-                # cost two task switches per job. _start reports the active count.
-                self._start(*self.buffer.popleft())
+                # cost two task switches per job. The active count is unchanged: no report.
+                self._start(*self.buffer.popleft(), report=False)
             else:
                 self.hooks.active_changed(self.name, self.active)
                 async with self._cond:
