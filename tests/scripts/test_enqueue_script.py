@@ -225,3 +225,22 @@ async def test_a_full_bulk_batch_of_500_jobs_runs_in_one_call(aredis, prefix):
     assert await run1(aredis, ops.enqueue(sk, items, dedup_window_ms=60_000)) == [True] * 500
     assert await aredis.xlen(sk.stream) == 400
     assert await aredis.zcard(sk.delayed) == 100
+
+
+async def test_plain_xadd_fast_path_writes_exactly_the_entry_the_script_writes(aredis, prefix):
+    """A single ready add without job_id skips the script; workers must not tell them apart."""
+    by_script, by_xadd = shard(prefix, index=0), shard(prefix, index=1)
+    await run1(aredis, ops.enqueue(by_script, [item("same")], dedup_window_ms=1000))
+    await run1(aredis, ops.enqueue_ready(by_xadd, item("same")))
+
+    assert await raw_fields(aredis, by_script.stream) == await raw_fields(aredis, by_xadd.stream)
+    (a,) = await xrange(aredis, by_script.stream)
+    (b,) = await xrange(aredis, by_xadd.stream)
+    assert a.fields == b.fields
+
+
+def test_plain_xadd_fast_path_refuses_jobs_that_need_the_script() -> None:
+    sk = shard("p")
+    for needs_script in (item("d", dedup=True), item("l", delay_ms=5)):
+        with pytest.raises(ValueError, match="needs the enqueue script"):
+            ops.enqueue_ready(sk, needs_script)
