@@ -203,13 +203,20 @@ class WorkerManager:
             await self.close_workers()  # no worker yet: closes the connection just opened
             raise
         for name, (lane, reg, opts) in self._pending.items():
-            fetch = self._async_client(socket_timeout=opts.block_timeout_ms / 1000 + 5)
+            # One fetch client per reader: a blocking read holds its connection, and on a
+            # cluster each shard has its own reader (redis-py's async cluster client loses
+            # replies when blocking reads share it).
+            readers = lane.shards if self.cluster else 1
+            fetch = [
+                self._async_client(socket_timeout=opts.block_timeout_ms / 1000 + 5)
+                for _ in range(readers)
+            ]
             self._workers[name] = Worker(
                 lane=lane,
                 registration=reg,
                 options=opts,
                 client=client,
-                fetch_client=fetch,
+                fetch_clients=fetch,
                 renew_client=self._sync_client(),
                 prefix=self.prefix,
                 group=self.group,

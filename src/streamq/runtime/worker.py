@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -84,7 +84,7 @@ class Worker:
         registration: Registration,
         options: WorkerOptions,
         client: Any,
-        fetch_client: Any,
+        fetch_clients: Sequence[Any],
         renew_client: Any,
         prefix: str,
         group: str,
@@ -97,7 +97,7 @@ class Worker:
         self.registration = registration
         self.options = options
         self.client = client
-        self.fetch_client = fetch_client
+        self.fetch_clients = list(fetch_clients)
         self.keys = QueueKeys(prefix, lane.name, lane.shards)
         self.shards: tuple[ShardKeys, ...] = self.keys.shards
         self._by_stream = {s.stream.encode(): s for s in self.shards}
@@ -161,7 +161,12 @@ class Worker:
             spawn(maintenance.reclaim_loop(self), name=f"reclaim-{self.name}"),
         ]
         groups = [[s] for s in self.shards] if self.cluster else [list(self.shards)]
-        self._readers = [spawn(self._reader(g), name=f"fetch-{self.name}") for g in groups]
+        if len(self.fetch_clients) < len(groups):
+            raise ValueError(f"{len(groups)} readers need as many fetch clients")
+        self._readers = [
+            spawn(self._reader(g, c), name=f"fetch-{self.name}")
+            for g, c in zip(groups, self.fetch_clients, strict=False)
+        ]
 
     async def ensure_groups(self) -> None:
         for s in self.shards:
@@ -214,7 +219,7 @@ class Worker:
     def _free(self) -> int:
         return self.options.concurrency - self.active
 
-    async def _reader(self, shards: list[ShardKeys]) -> None:
+    async def _reader(self, shards: list[ShardKeys], fetch_client: Any) -> None:
         streams = {s.stream: ">" for s in shards}
         backoff = 0.05
         while not self.closing:
@@ -228,7 +233,7 @@ class Worker:
                 if await self.is_paused():
                     await asyncio.sleep(0.2)
                     continue
-                reply = await self.fetch_client.xreadgroup(
+                reply = await fetch_client.xreadgroup(
                     self.group,
                     self.consumer,
                     streams,
