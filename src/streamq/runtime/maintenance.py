@@ -144,12 +144,14 @@ async def heartbeat(w: Worker) -> None:
     beats: dict[bytes, bytes] = await w.client.hgetall(w.keys.workers)
     stale_after = 3 * max(w.options.stalled_interval_ms, w.options.lock_duration_ms)
     gone = {k.decode() for k, v in beats.items() if now_ms - int(v) > stale_after}
-    await _drop_gone(w, gone, stale_after)
+    await _drop_gone(w, gone, stale_after, beats)
 
 
-async def _drop_gone(w: Worker, gone: set[str], stale_after_ms: int) -> None:
-    alive: set[str] = set()
-    beats: dict[bytes, bytes] = await w.client.hgetall(w.keys.workers)
+async def _drop_gone(
+    w: Worker, gone: set[str], stale_after_ms: int, beats: dict[bytes, bytes] | None = None
+) -> None:
+    if beats is None:
+        beats = await w.client.hgetall(w.keys.workers)
     alive = {k.decode() for k in beats} - gone
     for shard in w.shards:
         try:
