@@ -6,12 +6,14 @@ The tree::
     ├── ContractError                 a contract declaration is invalid (raised at import)
     │   └── IncompatibleContract      a contract change would break running peers
     ├── ConfigurationError            an option or setting is malformed
+    │   └── ForeignConsumerGroup      a stream has a consumer group other than the worker's
     ├── PayloadError                  a payload cannot be enqueued or consumed
     │   ├── InvalidPayload            the payload fails its job's schema
     │   ├── UnknownJob                the job name is not declared by the queue
     │   └── PayloadTooLarge           the encoded payload is over the size limit
     ├── RedisUnavailable              Redis could not be reached or the connection broke
     ├── RedisOutOfMemory              Redis refused a write under ``maxmemory`` (noeviction)
+    ├── RedisRefused                  Redis refused a command for good (NOPERM, WRONGTYPE, ...)
     ├── UnsafeRedisConfig             Redis would silently drop queue keys (eviction policy)
     ├── RegistrationError             a processor or queue registration is invalid
     └── JobControl                    raised *by processors* to steer their job
@@ -31,6 +33,7 @@ from datetime import timedelta
 __all__ = [
     "ConfigurationError",
     "ContractError",
+    "ForeignConsumerGroup",
     "IncompatibleContract",
     "InvalidPayload",
     "JobControl",
@@ -40,6 +43,7 @@ __all__ = [
     "PermanentError",
     "RateLimited",
     "RedisOutOfMemory",
+    "RedisRefused",
     "RedisUnavailable",
     "RegistrationError",
     "Retry",
@@ -82,6 +86,20 @@ class IncompatibleContract(ContractError):
 
 class ConfigurationError(StreamqError):
     """Raised when an option or environment setting is malformed or unknown."""
+
+
+class ForeignConsumerGroup(ConfigurationError):
+    """Raised when a queue's stream has a consumer group other than the worker's own.
+
+    Completing a job deletes its entry (``XDEL``) for every group of the stream, so a second
+    group would silently lose jobs. streamq does not support fan-out; use one group per queue
+    (or one queue per consumer group).
+    """
+
+    def __init__(self, message: str, *, queue: str | None = None, shard: str | None = None,
+                 groups: list[str] | None = None) -> None:
+        super().__init__(message, queue=queue, shard=shard)
+        self.groups = groups or []
 
 
 class PayloadError(StreamqError):
@@ -131,6 +149,18 @@ class RedisUnavailable(StreamqError):
 
 class RedisOutOfMemory(StreamqError):
     """Raised when Redis refuses a write because it is at ``maxmemory`` (policy noeviction)."""
+
+
+class RedisRefused(StreamqError):
+    """Raised when Redis refuses a command in a way that retrying cannot fix.
+
+    ``NOPERM`` (the ACL user lacks a command or key), ``WRONGTYPE`` (a queue key holds another
+    type), or a script that cannot be loaded. ``reply`` is Redis's error text.
+    """
+
+    def __init__(self, message: str, *, queue: str | None = None, reply: str = "") -> None:
+        super().__init__(message, queue=queue)
+        self.reply = reply
 
 
 class UnsafeRedisConfig(StreamqError):

@@ -89,12 +89,21 @@ class ShardKeys:
     def dead(self) -> str:
         return f"{self.prefix}:{self.tag}:dead"
 
+    @property
+    def starts(self) -> str:
+        """Hash entry id -> runs started without a settle (the stall budget, DESIGN §4)."""
+        return f"{self.prefix}:{self.tag}:starts"
+
     def dedup(self, job_id: str) -> str:
         return f"{self.prefix}:{self.tag}:dedup:{job_id}"
 
+    def settled(self, token: str) -> str:
+        """A settle call's memo: its reply, kept briefly so a re-sent call answers the same."""
+        return f"{self.prefix}:{self.tag}:settled:{token}"
+
     def all_static(self) -> tuple[str, ...]:
-        """Every key of the shard except dedup markers (one per job id)."""
-        return (self.stream, self.delayed, self.jobs, self.dead)
+        """Every key of the shard except dedup markers and settle memos (one per job/call)."""
+        return (self.stream, self.delayed, self.jobs, self.dead, self.starts)
 
 
 class QueueKeys:
