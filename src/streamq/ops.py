@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from itertools import chain
 from typing import Any
 
@@ -17,11 +18,13 @@ from streamq.keys import QueueKeys, ShardKeys
 from streamq.scripts import script
 
 __all__ = [
+    "SETTLE_MEMO_MS",
     "EnqueueItem",
     "LimiterGrant",
     "PromoteResult",
     "ReclaimPage",
     "ReclaimedEntry",
+    "SettleStatus",
     "complete",
     "dead_retry",
     "drop_consumer",
@@ -91,19 +94,66 @@ def enqueue(shard: ShardKeys, items: Sequence[EnqueueItem], *, dedup_window_ms: 
     return Call(script("enqueue"), keys, args, lambda r: [bool(x) for x in r])
 
 
-def complete(shard: ShardKeys, group: str, consumer: str, entry_ids: Sequence[str]) -> Call:
-    """Ack + delete owned entries. Reply: the ids this consumer no longer owns."""
-    return Call(script("complete"), [shard.stream], [group, consumer, *entry_ids], _str_list)
+class SettleStatus(IntEnum):
+    """What a settle script found for one entry (and did, when ``APPLIED``)."""
+
+    APPLIED = 1
+    """This call (or an earlier send of the same token) applied it."""
+    OTHER_OWNER = 0
+    """The entry is pending under another consumer: our lock was lost; left untouched."""
+    GONE = -1
+    """Pending for no one: settled by someone else, or deleted."""
+
+
+SETTLE_MEMO_MS = 600_000
+"""How long a settle call's reply is kept under its token, answering a re-send the same."""
+
+
+def _statuses(reply: Any) -> list[SettleStatus]:
+    return [SettleStatus(int(x)) for x in reply or []]
+
+
+def _status(reply: Any) -> SettleStatus:
+    return SettleStatus(int(reply))
+
+
+def complete(
+    shard: ShardKeys, group: str, consumer: str, entry_ids: Sequence[str], *, token: str
+) -> Call:
+    """Ack + delete the entries this consumer owns, fenced.
+
+    ``token`` names this call: send it again with the same token (the reply was lost) and
+    it answers what the first send did. Reply: one :class:`SettleStatus` per id, in order.
+    """
+    return Call(
+        script("complete"),
+        [shard.stream, shard.starts, shard.settled(token)],
+        [group, consumer, SETTLE_MEMO_MS, *entry_ids],
+        _statuses,
+    )
 
 
 def renew(shard: ShardKeys, group: str, consumer: str, entry_ids: Sequence[str]) -> Call:
-    """Reset the idle time of owned entries. Reply: the ids this consumer no longer owns."""
+    """Reset the idle time of owned entries. Reply: the ids this consumer no longer owns
+    (pending for another consumer, or for no one)."""
     return Call(script("renew"), [shard.stream], [group, consumer, *entry_ids], _str_list)
 
 
-def release(shard: ShardKeys, group: str, consumer: str, entry_ids: Sequence[str]) -> Call:
-    """Re-add owned entries at the tail, then ack + delete. Reply: ids no longer owned."""
-    return Call(script("release"), [shard.stream], [group, consumer, *entry_ids], _str_list)
+def release(
+    shard: ShardKeys, group: str, consumer: str, entry_ids: Sequence[str], *, token: str
+) -> Call:
+    """Re-add owned entries at the tail (attempt unchanged), then ack + delete, fenced.
+
+    An owned entry whose body was deleted is left pending (the reclaimer records it) and
+    reported ``GONE``. Under OOM the call fails with nothing changed. Reply: one
+    :class:`SettleStatus` per id, in order; a re-send with the same ``token`` answers the same.
+    """
+    return Call(
+        script("release"),
+        [shard.stream, shard.starts, shard.settled(token)],
+        [group, consumer, SETTLE_MEMO_MS, *entry_ids],
+        _statuses,
+    )
 
 
 def retry(
@@ -112,16 +162,36 @@ def retry(
     consumer: str,
     *,
     entry_id: str,
-    job_id: str,
+    member: str,
     delay_ms: int,
     values: Sequence[str | bytes],
+    token: str,
+    extra_fields: Sequence[str | bytes] = (),
 ) -> Call:
-    """Move an owned entry to the delayed set with new fields. Reply: True if moved."""
+    """Move an owned entry to the delayed set with new fields, fenced.
+
+    ``extra_fields`` are flat name/value pairs kept after the envelope's own (fields a
+    newer producer wrote that this version does not know: a retry must not drop them).
+
+    ``member`` keys the delayed record (delayed zset member, jobs hash field): unique per
+    retry, so two copies of one job id never overwrite each other. Under OOM the call fails
+    with nothing changed. Reply: a :class:`SettleStatus`; a re-send with the same ``token``
+    answers the same.
+    """
     return Call(
         script("retry"),
-        [shard.stream, shard.delayed, shard.jobs],
-        [group, consumer, entry_id, job_id, max(0, delay_ms), *flat_fields(list(values))],
-        bool,
+        [shard.stream, shard.delayed, shard.jobs, shard.starts, shard.settled(token)],
+        [
+            group,
+            consumer,
+            entry_id,
+            member,
+            max(0, delay_ms),
+            SETTLE_MEMO_MS,
+            *flat_fields(list(values)),
+            *extra_fields,
+        ],
+        _status,
     )
 
 
@@ -133,16 +203,18 @@ def fail(
     entry_id: str,
     dead_fields: Sequence[str | bytes],
     dead_cap: int,
+    token: str,
 ) -> Call:
-    """Move an owned entry to the dead stream. ``dead_fields`` is flat name/value pairs.
+    """Move an owned entry to the dead stream, fenced. ``dead_fields`` is flat name/value pairs.
 
-    Reply: True if dead-lettered, False if this consumer no longer owns the entry.
+    Under OOM the call fails with nothing changed. Reply: a :class:`SettleStatus`; a re-send
+    with the same ``token`` answers the same.
     """
     return Call(
         script("fail"),
-        [shard.stream, shard.dead],
-        [group, consumer, entry_id, dead_cap, *dead_fields],
-        bool,
+        [shard.stream, shard.dead, shard.starts, shard.settled(token)],
+        [group, consumer, entry_id, dead_cap, SETTLE_MEMO_MS, *dead_fields],
+        _status,
     )
 
 

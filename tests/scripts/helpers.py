@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import OutOfMemoryError
 
 from streamq import ops
 from streamq._redis import Call, run_calls
 from streamq.envelope import encode_fields
 from streamq.keys import QueueKeys, ShardKeys
+from tests.support.redis_server import RedisServer, find_binary
 
 GROUP = "g"
 QUEUE = "q"
@@ -145,5 +152,45 @@ async def delivered(r: Any, sk: ShardKeys, consumer: str, *job_ids: str) -> list
 
 async def steal(r: Any, sk: ShardKeys, consumer: str) -> list[str]:
     """Another worker reclaims every pending entry (as after a lock expiry)."""
-    page = await run1(r, ops.reclaim(sk, GROUP, consumer, min_idle_ms=0, max_stalled_count=10))
+    call = ops.reclaim(
+        sk, GROUP, consumer, min_idle_ms=0, count=10_000, max_stalled_count=10, dead_cap=0
+    )
+    page = await run1(r, call)
     return [e.entry_id for e in page.entries]
+
+
+def token() -> str:
+    """A fresh settle token (the runtime makes one per call)."""
+    return uuid.uuid4().hex
+
+
+async def starts(r: Any, sk: ShardKeys) -> dict[str, int]:
+    """The stall budget: entry id -> runs started without a settle (absent = 1)."""
+    return {_s(k): int(v) for k, v in (await r.hgetall(sk.starts)).items()}
+
+
+@asynccontextmanager
+async def own_redis() -> AsyncIterator[aioredis.Redis]:
+    """A redis-server of this test's own (noeviction), for tests that change its config."""
+    binary = find_binary()
+    if binary is None:
+        pytest.skip("no redis-server binary")
+    server = RedisServer(binary, extra=["--maxmemory-policy", "noeviction"]).start()
+    client = aioredis.Redis(port=server.port)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+        server.stop(kill=True)
+
+
+async def out_of_memory(r: aioredis.Redis) -> None:
+    """Pin maxmemory well below what is in use: every write that can grow memory is refused
+    (noeviction) while reads, XACK, XDEL and HDEL still run."""
+    used = int((await r.info("memory"))["used_memory"])
+    await r.config_set("maxmemory", used - 256 * 1024)
+    try:
+        await r.set("probe", "x")
+    except OutOfMemoryError:
+        return
+    raise AssertionError("redis still accepts writes")

@@ -3,7 +3,28 @@
 from __future__ import annotations
 
 from streamq import ops
-from tests.scripts.helpers import GROUP, delivered, pending, run1, shard, steal, wait_idle
+from tests.scripts.helpers import (
+    GROUP,
+    delivered,
+    pending,
+    run1,
+    shard,
+    steal,
+    token,
+    wait_idle,
+)
+
+
+def _reclaim(sk, consumer, min_idle_ms):
+    return ops.reclaim(
+        sk,
+        GROUP,
+        consumer,
+        min_idle_ms=min_idle_ms,
+        count=100,
+        max_stalled_count=1,
+        dead_cap=0,
+    )
 
 
 async def test_renew_resets_idle_time_and_does_not_raise_delivery_count(aredis, prefix):
@@ -23,7 +44,7 @@ async def test_renewed_entry_is_not_reclaimed_by_an_idle_threshold_it_had_passed
     await wait_idle(aredis, sk, [e.id], 60)
     await run1(aredis, ops.renew(sk, GROUP, "w1", [e.id]))
 
-    page = await run1(aredis, ops.reclaim(sk, GROUP, "w2", min_idle_ms=60_000))
+    page = await run1(aredis, _reclaim(sk, "w2", 60_000))
     assert page.entries == []
     assert (await pending(aredis, sk))[e.id].consumer == "w1"
 
@@ -42,7 +63,7 @@ async def test_renew_batch_reports_completed_and_foreign_ids_and_renews_the_rest
     sk = shard(prefix)
     a, b, c = await delivered(aredis, sk, "w1", "a", "b", "c")
     await aredis.xclaim(sk.stream, GROUP, "w2", 0, [b.id])
-    await run1(aredis, ops.complete(sk, GROUP, "w1", [c.id]))
+    await run1(aredis, ops.complete(sk, GROUP, "w1", [c.id], token=token()))
     await wait_idle(aredis, sk, [a.id], 30)
 
     assert await run1(aredis, ops.renew(sk, GROUP, "w1", [a.id, b.id, c.id])) == [b.id, c.id]
@@ -64,5 +85,5 @@ async def test_renew_of_an_entry_deleted_while_pending_keeps_it_pending_for_recl
 
     assert await run1(aredis, ops.renew(sk, GROUP, "w1", [e.id])) == []
     assert (await pending(aredis, sk))[e.id].consumer == "w1"
-    page = await run1(aredis, ops.reclaim(sk, GROUP, "w2", min_idle_ms=0))
+    page = await run1(aredis, _reclaim(sk, "w2", 0))
     assert page.lost == [e.id]

@@ -8,12 +8,13 @@
 -- KEYS[1]  stream
 -- ARGV[1]  group    ARGV[2]  consumer    ARGV[3..]  entry ids
 --
--- Returns: the entry ids this consumer no longer owns (the caller must stop acking them).
+-- Returns: the entry ids this consumer no longer owns, pending for another consumer or for no
+-- one (the caller must stop acking them).
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local lost = {}
 for i = 3, #ARGV do
   local id = ARGV[i]
-  if owned(stream, group, consumer, id) then
+  if owner(stream, group, id) == consumer then
     if #redis.call('XRANGE', stream, id, id) > 0 then
       redis.call('XCLAIM', stream, group, consumer, 0, id, 'JUSTID')
     end
