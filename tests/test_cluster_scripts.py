@@ -12,7 +12,8 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from streamq import ops
 from streamq._redis import run_calls, run_calls_sync
 from streamq.keys import QueueKeys
-from tests.scripts.helpers import GROUP, item
+from streamq.ops import SettleStatus
+from tests.scripts.helpers import GROUP, item, token
 
 pytestmark = pytest.mark.cluster
 
@@ -43,7 +44,7 @@ async def test_shards_of_one_queue_land_on_different_nodes_and_every_script_runs
     nodes = {sk.index: _node(cluster, sk.stream) for sk in qk.shards}
     assert len(set(nodes.values())) == len(redis_cluster.nodes), nodes  # every primary
     for sk in qk.shards:
-        shard_keys = [*sk.all_static(), sk.dedup("x")]
+        shard_keys = [*sk.all_static(), sk.dedup("x"), sk.settled(token())]
         assert {_node(cluster, k) for k in shard_keys} == {nodes[sk.index]}
         await cluster.xgroup_create(sk.stream, GROUP, id="0", mkstream=True)
 
@@ -71,7 +72,8 @@ async def test_shards_of_one_queue_land_on_different_nodes_and_every_script_runs
 
     # promote: make the delayed jobs due (a score long past on any node's clock), then move.
     for sk in qk.shards:
-        await cluster.zadd(sk.delayed, {f"later{sk.index}": 1_000}, xx=True)
+        (member,) = await cluster.zrange(sk.delayed, 0, -1)
+        await cluster.zadd(sk.delayed, {member: 1_000}, xx=True)
     promoted = await run_calls(cluster, [ops.promote(sk) for sk in qk.shards])
     assert [p.moved for p in promoted] == [1] * SHARDS
 
@@ -82,9 +84,10 @@ async def test_shards_of_one_queue_land_on_different_nodes_and_every_script_runs
         assert [f[b"id"].decode() for _eid, f in entries] == [f"now{sk.index}", f"later{sk.index}"]
         held[sk.index] = [eid for eid, _f in entries]
     done = await run_calls(
-        cluster, [ops.complete(sk, GROUP, "w1", held[sk.index][:1]) for sk in qk.shards]
+        cluster,
+        [ops.complete(sk, GROUP, "w1", held[sk.index][:1], token=token()) for sk in qk.shards],
     )
-    assert done == [[]] * SHARDS
+    assert done == [[SettleStatus.APPLIED]] * SHARDS
     renewed = await run_calls(
         cluster, [ops.renew(sk, GROUP, "w1", held[sk.index][1:]) for sk in qk.shards]
     )
@@ -92,34 +95,89 @@ async def test_shards_of_one_queue_land_on_different_nodes_and_every_script_runs
 
     # reclaim: another worker takes the held entries over; the stale worker is fenced out.
     pages = await run_calls(
-        cluster, [ops.reclaim(sk, GROUP, "w2", min_idle_ms=0) for sk in qk.shards]
-    )
-    for sk, page in zip(qk.shards, pages, strict=True):
-        assert page.cursor == "0-0"
-        assert [(e.entry_id, e.deliveries) for e in page.entries] == [(held[sk.index][1], 2)]
-    stale = await run_calls(
-        cluster, [ops.complete(sk, GROUP, "w1", held[sk.index][1:]) for sk in qk.shards]
-    )
-    assert stale == [held[sk.index][1:] for sk in qk.shards]
-    settled = await run_calls(
         cluster,
         [
-            ops.fail(
-                sk, GROUP, "w2", entry_id=held[sk.index][1], dead_fields=["a", "b"], dead_cap=10
-            )
+            ops.reclaim(sk, GROUP, "w2", min_idle_ms=0, count=10, max_stalled_count=1, dead_cap=10)
             for sk in qk.shards
         ],
     )
-    assert settled == [True] * SHARDS
+    for sk, page in zip(qk.shards, pages, strict=True):
+        assert page.cursor == "0-0"
+        assert [(e.entry_id, e.starts) for e in page.entries] == [(held[sk.index][1], 2)]
+        assert await cluster.hget(sk.starts, held[sk.index][1]) == b"2"
+    stale = await run_calls(
+        cluster,
+        [ops.complete(sk, GROUP, "w1", held[sk.index][1:], token=token()) for sk in qk.shards],
+    )
+    assert stale == [[SettleStatus.OTHER_OWNER]] * SHARDS
+    fails = [
+        ops.fail(
+            sk,
+            GROUP,
+            "w2",
+            entry_id=held[sk.index][1],
+            dead_fields=["a", "b"],
+            dead_cap=10,
+            token=token(),
+        )
+        for sk in qk.shards
+    ]
+    assert await run_calls(cluster, fails) == [SettleStatus.APPLIED] * SHARDS
+    # The same calls again (their replies lost): answered from each shard's memo.
+    assert await run_calls(cluster, fails) == [SettleStatus.APPLIED] * SHARDS
     for sk in qk.shards:
         assert await cluster.xlen(sk.stream) == 0
         assert await cluster.xlen(sk.dead) == 1
+        assert await cluster.hlen(sk.starts) == 0
         assert await cluster.xpending(sk.stream, GROUP) == {
             "pending": 0,
             "min": None,
             "max": None,
             "consumers": [],
         }
+
+
+async def test_release_and_retry_run_on_every_node(cluster, prefix):
+    qk = QueueKeys(prefix, "settle", SHARDS)
+    for sk in qk.shards:
+        await cluster.xgroup_create(sk.stream, GROUP, id="0", mkstream=True)
+    await run_calls(
+        cluster,
+        [
+            ops.enqueue(sk, [item(f"a{sk.index}"), item(f"b{sk.index}")], dedup_window_ms=1)
+            for sk in qk.shards
+        ],
+    )
+    held = {
+        sk.index: [eid for eid, _f in await _read(cluster, sk.stream, "w1")] for sk in qk.shards
+    }
+
+    released = await run_calls(
+        cluster,
+        [ops.release(sk, GROUP, "w1", held[sk.index][:1], token=token()) for sk in qk.shards],
+    )
+    retried = await run_calls(
+        cluster,
+        [
+            ops.retry(
+                sk,
+                GROUP,
+                "w1",
+                entry_id=held[sk.index][1],
+                member=token(),
+                delay_ms=60_000,
+                values=item(f"b{sk.index}").values,
+                token=token(),
+            )
+            for sk in qk.shards
+        ],
+    )
+
+    assert released == [[SettleStatus.APPLIED]] * SHARDS
+    assert retried == [SettleStatus.APPLIED] * SHARDS
+    for sk in qk.shards:
+        assert await cluster.xlen(sk.stream) == 1
+        assert await cluster.zcard(sk.delayed) == 1
 
 
 async def test_queue_wide_limiter_runs_on_the_cluster(cluster, prefix):

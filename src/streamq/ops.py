@@ -239,17 +239,26 @@ def promote(shard: ShardKeys, *, limit: int = 500) -> Call:
 
 @dataclass(frozen=True, slots=True)
 class ReclaimedEntry:
+    """A claimed entry to start now; ``starts`` is the start this run is (2 = second run)."""
+
     entry_id: str
     fields: dict[bytes, bytes]
-    deliveries: int
+    starts: int
 
 
 @dataclass(frozen=True, slots=True)
 class ReclaimPage:
+    """One reclaim call: the next cursor, entries to start, ids dead-lettered as stalled, and
+    ids whose payload was deleted while pending (recorded in the dead stream)."""
+
     cursor: str
     entries: list[ReclaimedEntry]
     stalled: list[str]
     lost: list[str]
+
+
+def _bytes(v: Any) -> bytes:
+    return v if isinstance(v, bytes) else str(v).encode()
 
 
 def _reclaim_page(r: Any) -> ReclaimPage:
@@ -257,12 +266,7 @@ def _reclaim_page(r: Any) -> ReclaimPage:
     entries = []
     for i in range(0, len(run), 3):
         flat = run[i + 1]
-        fields = {
-            (flat[j] if isinstance(flat[j], bytes) else str(flat[j]).encode()): (
-                flat[j + 1] if isinstance(flat[j + 1], bytes) else str(flat[j + 1]).encode()
-            )
-            for j in range(0, len(flat), 2)
-        }
+        fields = {_bytes(flat[j]): _bytes(flat[j + 1]) for j in range(0, len(flat), 2)}
         entries.append(ReclaimedEntry(_str(run[i]), fields, int(run[i + 2])))
     return ReclaimPage(_str(r[0]), entries, _str_list(r[2]), _str_list(r[3]))
 
@@ -274,14 +278,23 @@ def reclaim(
     *,
     min_idle_ms: int,
     cursor: str = "0-0",
-    count: int = 100,
-    max_stalled_count: int = 1,
-    dead_cap: int = 0,
+    count: int,
+    max_stalled_count: int,
+    dead_cap: int,
 ) -> Call:
-    """One XAUTOCLAIM page of entries idle over ``min_idle_ms``; loop until cursor is 0-0."""
+    """Claim up to ``count`` entries idle over ``min_idle_ms`` (one XAUTOCLAIM page).
+
+    ``count`` is the most entries the caller will start now (its free slots): every returned
+    entry counts as started. An entry already started more than ``max_stalled_count`` times
+    without a settle is dead-lettered as stalled instead. Loop while there are free slots
+    and the cursor is not ``0-0``.
+    """
+    if count < 1:
+        # XAUTOCLAIM refuses COUNT 0; a worker with no free slot has nothing to claim.
+        raise ValueError(f"reclaim count must be at least 1, got {count}")
     return Call(
         script("reclaim"),
-        [shard.stream, shard.dead],
+        [shard.stream, shard.dead, shard.starts],
         [group, consumer, min_idle_ms, cursor, count, max_stalled_count, dead_cap],
         _reclaim_page,
     )
