@@ -19,15 +19,19 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from streamq.errors import RedisOutOfMemory, RedisUnavailable, StreamqError
+from streamq.errors import RedisOutOfMemory, RedisRefused, RedisUnavailable, StreamqError
 from streamq.scripts import Script
 
 __all__ = [
+    "PERMANENT_REFUSALS",
+    "TRANSIENT_REFUSALS",
     "AsyncClient",
     "Call",
     "SyncClient",
     "map_error",
+    "refusal_code",
     "run_calls",
+    "run_calls_each",
     "run_calls_sync",
 ]
 
@@ -57,8 +61,63 @@ class Call:
         return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
 
 
+TRANSIENT_REFUSALS = frozenset(
+    {"READONLY", "NOREPLICAS", "LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN",
+     "MOVED", "ASK"}
+)
+"""Error codes that mean "this node cannot serve the call right now": an outage, not a bug."""
+
+PERMANENT_REFUSALS = frozenset({"NOPERM", "WRONGTYPE", "NOSCRIPT", "NOAUTH", "WRONGPASS"})
+"""Error codes retrying cannot fix: the ACL, a key of the wrong type, a script not loadable."""
+
+_REDIS_PY_CODES = {
+    "ReadOnlyError": "READONLY",
+    "BusyLoadingError": "LOADING",
+    "NoPermissionError": "NOPERM",
+    "NoScriptError": "NOSCRIPT",
+    "AuthenticationError": "NOAUTH",
+    "AuthenticationWrongNumberOfArgsError": "NOAUTH",
+    "ClusterDownError": "CLUSTERDOWN",
+    "TryAgainError": "TRYAGAIN",
+    "MasterDownError": "MASTERDOWN",
+}
+
+
+def refusal_code(exc: BaseException) -> str | None:
+    """The Redis error code of a refusal (``"READONLY"``, ``"NOPERM"``...), or None.
+
+    redis-py strips the code from some replies and raises a class instead; a script's error
+    keeps the code of the command that failed inside it (``"NOREPLICAS Not enough good
+    replicas ... script: ..."``), or wraps it (``"ERR Error running script ... NOPERM ..."``).
+    """
+    code = _REDIS_PY_CODES.get(type(exc).__name__)
+    if code is not None:
+        return code
+    if not isinstance(exc, ResponseError):
+        return None
+    msg = str(exc)
+    first = msg.split(" ", 1)[0]
+    if first in TRANSIENT_REFUSALS or first in PERMANENT_REFUSALS:
+        return first
+    if first in ("ERR", "Error") or msg.startswith("Error running script"):
+        for word in msg.replace(":", " ").replace("-", " ").split():
+            if word in TRANSIENT_REFUSALS or word in PERMANENT_REFUSALS:
+                return word
+    if "no permissions to" in msg or "has no permissions" in msg:
+        return "NOPERM"
+    return None
+
+
 def map_error(exc: BaseException, *, queue: str | None = None) -> StreamqError | None:
-    """The streamq error for a redis-py exception, or None when it is not one we translate."""
+    """The streamq error for a redis-py exception, or None when it is not one we translate.
+
+    Connection failures and transient refusals (:data:`TRANSIENT_REFUSALS`: a replica that
+    became read-only in a failover, ``min-replicas-to-write`` not met, a loading or busy
+    server) are :class:`RedisUnavailable`: an outage that ends by itself. Refusals that
+    retrying cannot fix (:data:`PERMANENT_REFUSALS`) are :class:`RedisRefused`.
+    """
+    if isinstance(exc, StreamqError):
+        return exc
     where = f" (queue {queue!r})" if queue else ""
     if isinstance(exc, RedisConnectionError | RedisTimeoutError | ConnectionError | OSError):
         return RedisUnavailable(f"Redis is unreachable{where}: {exc}", queue=queue)
@@ -66,6 +125,13 @@ def map_error(exc: BaseException, *, queue: str | None = None) -> StreamqError |
         return RedisOutOfMemory(
             f"Redis refused the write: it is at maxmemory{where}: {exc}", queue=queue
         )
+    code = refusal_code(exc)
+    if code in TRANSIENT_REFUSALS:
+        return RedisUnavailable(f"Redis cannot serve the call now ({code}){where}: {exc}",
+                                queue=queue)
+    if code in PERMANENT_REFUSALS:
+        return RedisRefused(f"Redis refused the call ({code}){where}: {exc}", queue=queue,
+                            reply=str(exc))
     return None
 
 
@@ -82,9 +148,9 @@ def _is_oom(exc: BaseException) -> bool:
 
 def _raise_mapped(exc: BaseException, queue: str | None) -> None:
     mapped = map_error(exc, queue=queue)
-    if mapped is not None:
-        raise mapped from exc
-    raise exc
+    if mapped is None or mapped is exc:
+        raise exc
+    raise mapped from exc
 
 
 def _is_noscript(reply: object) -> bool:
@@ -116,6 +182,18 @@ class _Batch:
             self.replies[i] = r
         self.todo = missing
         return {self.calls[i].script for i in missing}
+
+    def each(self) -> list[Any]:
+        out: list[Any] = []
+        for c, r in zip(self.calls, self.replies, strict=True):
+            if isinstance(r, BaseException):
+                out.append(map_error(r, queue=self.queue) or r)
+                continue
+            try:
+                out.append(c.parse(r))
+            except Exception as exc:  # a reply of the wrong shape: that call failed
+                out.append(exc)
+        return out
 
     def result(self) -> list[Any]:
         for r in self.replies:
@@ -176,6 +254,30 @@ async def run_calls(
     except Exception as exc:
         _raise_mapped(exc, queue)
     return batch.result()
+
+
+async def run_calls_each(
+    client: Any, calls: Sequence[Call], *, queue: str | None = None
+) -> list[Any]:
+    """Like :func:`run_calls`, but each call's reply is resolved on its own.
+
+    Returns, per call in order, its parsed reply or the (mapped) exception that call got: in
+    a pipeline one call can fail (OOM, a refusal) while the others landed, and those must
+    not be sent again. A failure of the whole round trip (connection lost) still raises.
+    """
+    batch = _Batch(calls, queue)
+    try:
+        for _ in range(_ATTEMPTS):
+            if not batch.todo:
+                break
+            async with client.pipeline(transaction=False) as pipe:
+                batch.queue_on(pipe)
+                out = await pipe.execute(raise_on_error=False)
+            for s in batch.absorb(out):
+                await client.script_load(s.source)
+    except Exception as exc:
+        _raise_mapped(exc, queue)
+    return batch.each()
 
 
 def run_calls_sync(

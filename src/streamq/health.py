@@ -292,13 +292,32 @@ class Monitor:
                     f"queue {w.name!r} has {watch.ready} ready jobs but this worker started "
                     f"none for {idle:.1f} s (active {w.active}/{w.options.concurrency})"
                 )
+        for w in self.manager.workers:
+            # Held but not progressing: fetched entries wait while slots are free. This
+            # catches a stuck dispatcher even when peers drained the queue (no ready jobs).
+            stuck = w.wedged_for(now)
+            if stuck > self.wedge_timeout_s:
+                problems.append(
+                    f"queue {w.name!r}: this worker holds {w.stats()['buffered']} fetched jobs "
+                    f"and has free slots but started none for {stuck:.1f} s"
+                )
         return problems
 
     def redis_problems(self) -> list[str]:
+        problems = []
         down = self.health.unreachable_for()
         if down > self.redis_timeout_s:
-            return [f"Redis unreachable for {down:.1f} s ({self.health.last_error})"]
-        return []
+            problems.append(f"Redis unreachable for {down:.1f} s ({self.health.last_error})")
+        status = getattr(self.manager, "redis_status", None)
+        if status is not None:
+            if status.refusal is not None:
+                # Retrying cannot fix it: fail at once and say what Redis said.
+                problems.append(f"Redis refuses the worker's calls: {status.refusal}")
+            out = status.unreachable_for()
+            if out > self.redis_timeout_s and down <= self.redis_timeout_s:
+                problems.append(f"Redis calls of the runtime failing for {out:.1f} s "
+                                f"({status.last_error})")
+        return problems
 
     def liveness(self) -> tuple[bool, dict[str, Any]]:
         problems = self.redis_problems() + self.wedged()

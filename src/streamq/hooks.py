@@ -22,8 +22,10 @@ DeadReason = str
 ``unknown_job``, ``stalled``, ``timeout`` or ``lost_payload``."""
 
 Outcome = str
-"""How an attempt ended: ``completed``, ``retried``, ``failed`` (dead), ``delayed``
-(Retry/RateLimited), ``lock_lost`` or ``released`` (shutdown)."""
+"""How an attempt ended, as Redis confirmed it: ``completed``, ``retried``, ``failed``
+(dead-lettered), ``delayed`` (Retry/RateLimited), ``lock_lost`` (another worker owns or
+settled the job: nothing was applied), ``released`` (shutdown), or ``unsettled`` (the
+worker stopped before Redis answered: the job stays pending and runs again elsewhere)."""
 
 
 @dataclass(slots=True)
@@ -106,6 +108,10 @@ class Hooks:
 
     def redis_error(self, queue: str | None, error: BaseException) -> None:
         """A Redis call of the runtime failed (it will back off and retry)."""
+
+    def task_crashed(self, queue: str | None, task: str) -> None:
+        """A long-lived worker task (``reader``, ``dispatcher``, ``settler``...) raised an
+        unexpected error; it was logged and is being restarted."""
 
     def consumer_started(
         self, queue: str, shards: Sequence[str], job_names: Sequence[str]

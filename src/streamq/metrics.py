@@ -125,6 +125,8 @@ class PrometheusHooks(Hooks):
                                       "stream when due.", qs)
         self.redis_errors = counter("redis_errors", "Failed Redis calls of the worker runtime.",
                                     ("queue",))
+        self.task_crashes = counter("task_crashes", "Long-lived worker tasks that raised an "
+                                    "unexpected error and were restarted.", ("queue", "task"))
         self.active = gauge("jobs_active", "Attempts running in this process.", ("queue",))
         # poller
         self.ready = gauge("queue_ready", "Jobs in the stream not yet delivered.", qs)
@@ -245,6 +247,9 @@ class PrometheusHooks(Hooks):
         )
         for metric, value in sets:
             self._child(metric, queue, shard).set(value)
+
+    def task_crashed(self, queue: str | None, task: str) -> None:
+        self._child(self.task_crashes, queue or "", task).inc()
 
     def event_loop_lag(self, lag_s: float) -> None:
         self.loop_lag.set(lag_s)

@@ -50,6 +50,10 @@ class WorkerOptions:
 
     Attributes:
         concurrency: jobs run at once by this process for the queue.
+        prefetch: entries this process may hold beyond its running jobs, fetched ahead so a
+            freed slot starts the next job without a round trip. Running + buffered never
+            exceeds ``concurrency + prefetch``. A prefetched entry of a killed worker counts
+            as one run toward its stall budget, so keep it small.
         limiter: global rate limit across all workers (None: unlimited).
         lock_duration: how long a job stays locked without renewal before another worker
             may reclaim it.
@@ -67,6 +71,7 @@ class WorkerOptions:
     """
 
     concurrency: int = 1
+    prefetch: int = 0
     limiter: Limiter | None = None
     lock_duration: Duration = timedelta(seconds=30)
     lock_renew_interval: Duration | None = None
@@ -83,6 +88,10 @@ class WorkerOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.concurrency, int) or self.concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, got {self.concurrency!r}")
+        if not isinstance(self.prefetch, int) or isinstance(self.prefetch, bool) or (
+            self.prefetch < 0
+        ):
+            raise ConfigurationError(f"prefetch must be >= 0, got {self.prefetch!r}")
         if not isinstance(self.max_stalled_count, int) or self.max_stalled_count < 0:
             raise ConfigurationError(
                 f"max_stalled_count must be >= 0, got {self.max_stalled_count!r}"

@@ -107,7 +107,8 @@ async def raw_dead(r: Any, sk: ShardKeys, job_id: str, *, reason: str = "permane
     ]
     flat: list[Any] = [x for kv in fields.items() for x in kv] + extra
     (ok,) = await run_calls(
-        r, [ops.fail(sk, GROUP, "c1", entry_id=entry_id.decode(), dead_fields=flat, dead_cap=0)]
+        r, [ops.fail(sk, GROUP, "c1", entry_id=entry_id.decode(), dead_fields=flat, dead_cap=0,
+                          token="t-fail")]
     )
     assert ok
     (newest,) = await r.xrevrange(sk.dead, count=1)
@@ -120,7 +121,8 @@ async def lost_payload(r: Any, sk: ShardKeys) -> str:
     eid = await r.xadd(sk.stream, {"due": "", "id": "ghost"})
     await r.xreadgroup(GROUP, "c1", {sk.stream: ">"}, count=10)
     await r.xdel(sk.stream, eid)
-    await run_calls(r, [ops.reclaim(sk, GROUP, "c2", min_idle_ms=0)])
+    await run_calls(r, [ops.reclaim(sk, GROUP, "c2", min_idle_ms=0, count=10, max_stalled_count=1,
+                                     dead_cap=0)])
     (newest,) = await r.xrevrange(sk.dead, count=1)
     assert newest[1][b"reason"] == b"lost_payload"
     return newest[0].decode()  # type: ignore[no-any-return]

@@ -44,7 +44,10 @@ async def test_delayed_job_starts_no_earlier_than_due_and_soon_after(managers, a
     due = {}
     for jid in delays:
         sk = keys(prefix, "rt-delayed", 2).for_key(jid)
-        due[jid] = int(await aredis.zscore(sk.delayed, jid))
+        members = await aredis.zrange(sk.delayed, 0, -1, withscores=True)
+        # Delayed records are keyed "<job id>:<random>", never the bare id.
+        (score,) = [sc for m, sc in members if m.decode().startswith(f"{jid}:")]
+        due[jid] = int(score)
 
     await wait_until(lambda: len(started) == 3, what="all delayed jobs")
     for jid in delays:

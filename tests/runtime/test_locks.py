@@ -64,7 +64,8 @@ async def test_stale_consumer_late_completion_is_refused_and_left_to_the_new_own
     page = (
         await run_calls(
             aredis,
-            [ops.reclaim(sk(prefix), "streamq", "B", min_idle_ms=0, max_stalled_count=5)],
+            [ops.reclaim(sk(prefix), "streamq", "B", min_idle_ms=0, count=10,
+                         max_stalled_count=5, dead_cap=0)],
         )
     )[0]
     assert [e.entry_id for e in page.entries] == [entry.entry_id]

@@ -3,7 +3,9 @@ registration errors raised at decoration and registration time."""
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -161,9 +163,11 @@ async def test_secondary_lane_is_consumed_by_the_same_processor(managers, aredis
     await m.start()
     await wait_until(lambda: lanes == [("rt-proc-secondary", 1)], what="the secondary job")
     # The primary lane is not consumed by this manager: its job is still waiting.
-    assert await aredis.xlen(keys(prefix, "rt-proc", 2).shards[0].stream) + await aredis.xlen(
-        keys(prefix, "rt-proc", 2).shards[1].stream
-    ) == 1
+    assert (
+        await aredis.xlen(keys(prefix, "rt-proc", 2).shards[0].stream)
+        + await aredis.xlen(keys(prefix, "rt-proc", 2).shards[1].stream)
+        == 1
+    )
 
 
 async def test_manager_names_its_queues_and_gives_their_workers(managers):
@@ -290,3 +294,101 @@ def test_queue_options_given_twice_with_different_values_are_refused():
     async def c(job: Job[Note]) -> None: ...
 
     assert app.registrations["rt-proc"].options.concurrency == 5
+
+
+def test_processor_with_required_parameters_besides_the_job_is_refused():
+    app = App([Work])
+    with pytest.raises(RegistrationError, match=r"required parameters besides the job \(db\)"):
+
+        @app.processor(Work.item)
+        async def proc(job: Job[Item], db: Any) -> None: ...
+
+    with pytest.raises(RegistrationError) as err:
+
+        @app.processor(Work)
+        def proc2(job: Job[Any], *, session: Any, retries: int = 3) -> None: ...
+
+    message = str(err.value)
+    assert "queue 'rt-proc'" in message
+    assert "proc2" in message
+    assert "(session)" in message
+    assert (err.value.queue, err.value.job) == ("rt-proc", None)
+    assert "rt-proc" not in app.registrations  # nothing half-registered
+
+
+def test_processor_whose_other_parameters_have_defaults_or_are_bound_is_accepted():
+    app = App([Work])
+
+    @app.processor(Work.item)
+    async def on_item(job: Job[Item], db: Any = None, *args: Any, flag: bool = False) -> None: ...
+
+    def with_db(job: Job[Note], db: Any) -> None: ...
+
+    on_note = functools.partial(with_db, db=object())
+    app.processor(Work.note)(on_note)
+    assert app.registrations["rt-proc"].by_job == {"item": on_item, "note": on_note}
+
+
+def test_processor_that_takes_no_job_is_refused():
+    app = App([Work])
+    with pytest.raises(RegistrationError, match=r"job 'item' of queue 'rt-proc'.*first positional"):
+
+        @app.processor(Work.item)
+        async def proc() -> None: ...
+
+    with pytest.raises(RegistrationError, match="first positional"):
+
+        @app.processor(Work.note)
+        async def kw_only(*, job: Job[Note]) -> None: ...
+
+
+def test_generator_and_async_generator_processors_are_refused():
+    app = App([Work])
+    with pytest.raises(RegistrationError, match=r"queue 'rt-proc'.*gen.* is a generator function"):
+
+        @app.processor(Work.item)
+        def gen(job: Job[Item]) -> Iterator[None]:
+            yield None
+
+    with pytest.raises(RegistrationError, match="agen is an async generator function") as err:
+
+        @app.processor(Work.note)
+        async def agen(job: Job[Note]) -> AsyncIterator[None]:
+            yield None
+
+    assert (err.value.queue, err.value.job) == ("rt-proc", "note")
+
+    class Streaming:
+        def __call__(self, job: Job[Item]) -> Iterator[None]:
+            yield None
+
+    with pytest.raises(RegistrationError, match="is a generator function"):
+        app.processor(Work)(Streaming())
+    with pytest.raises(RegistrationError, match="is a generator function"):
+        app.processor(Work)(functools.partial(_gen))
+    assert app.registrations == {}
+
+
+def _gen(job: Job[Any]) -> Iterator[None]:
+    yield None
+
+
+@pytest.mark.parametrize("thing", [None, 42, "process", Item(n=1)])
+def test_a_non_callable_is_refused(thing: Any):
+    app = App([Work])
+    with pytest.raises(RegistrationError, match=r"queue 'rt-proc'.*is not callable"):
+        app.processor(Work)(thing)
+
+
+def test_callable_objects_and_methods_are_accepted():
+    app = App([Work])
+
+    class Handler:
+        async def __call__(self, job: Job[Item]) -> None: ...
+
+        def on_note(self, job: Job[Note]) -> None: ...
+
+    handler = Handler()
+    app.processor(Work.item)(handler)
+    app.processor(Work.note)(handler.on_note)
+    assert app.registrations["rt-proc"].by_job == {"item": handler, "note": handler.on_note}

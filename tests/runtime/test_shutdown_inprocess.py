@@ -12,7 +12,6 @@ from streamq import Queue, QueueContract, job
 from streamq.app import App
 from streamq.job import Job
 from streamq.options import Limiter
-from streamq.runtime import maintenance
 from tests.runtime.support import (
     RecordingHooks,
     consumers,
@@ -178,7 +177,7 @@ async def test_a_consumer_with_pending_entries_is_never_pruned(managers, aredis,
     w = a.get_worker("rt-shutdown")
 
     # The pruning step at its most aggressive: both counted gone, no idle threshold.
-    await maintenance._drop_gone(w, {"holder", "empty"}, 0)
+    await w.heartbeat.drop_gone({"holder", "empty"}, stale_after_ms=0)
 
     after = await consumers(aredis, sk(prefix))
     assert after.get("holder") == 1  # kept, with its entry still deliverable by reclaim

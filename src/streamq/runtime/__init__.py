@@ -1,9 +1,11 @@
 """The worker runtime: WorkerManager and the parts it wires together.
 
-Each policy lives in its own module and can be tested alone: settling (:mod:`.settle`),
-lock renewal (:mod:`.renewal`), promotion and stalled reclaim (:mod:`.maintenance`),
-running processors (:mod:`.execute`), per-job stages (:mod:`.process`), fetching and
-dispatch (:mod:`.worker`), and orchestration (:mod:`.manager`).
+Each policy lives in its own module, shares a :class:`~.context.LaneContext` and can be
+tested alone: fetching within the bound (:mod:`.fetch`), per-job stages and confirmed
+outcomes (:mod:`.process`), running processors (:mod:`.execute`), settling
+(:mod:`.settle`), lock renewal (:mod:`.renewal`), stalled reclaim (:mod:`.reclaim`),
+promotion (:mod:`.promote`), heartbeat and leaving (:mod:`.heartbeat`), supervision of
+every loop (:mod:`.supervise`); :mod:`.worker` wires one lane and :mod:`.manager` the lanes.
 """
 
 from streamq.runtime.manager import WorkerManager

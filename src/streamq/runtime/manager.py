@@ -25,11 +25,18 @@ import redis
 import redis.asyncio as aioredis
 
 from streamq._redis import map_error
-from streamq.app import App, Registration
+from streamq.app import App, Processor, Registration
 from streamq.contracts import Lane, QueueContract
-from streamq.errors import ConfigurationError, RegistrationError, UnsafeRedisConfig
+from streamq.errors import (
+    ConfigurationError,
+    IncompatibleContract,
+    RedisUnavailable,
+    RegistrationError,
+    UnsafeRedisConfig,
+)
 from streamq.hooks import Hooks
 from streamq.options import WorkerOptions
+from streamq.runtime.supervise import RedisStatus
 from streamq.runtime.worker import Worker
 
 __all__ = ["WorkerManager"]
@@ -56,6 +63,10 @@ class WorkerManager:
         consumer_name: this process's consumer name (default ``<host>-<pid>-<rand>``).
         allow_unsafe_eviction: start even when Redis's ``maxmemory-policy`` is not
             ``noeviction`` (a warning is logged instead of ``UnsafeRedisConfig``).
+        refuse_incompatible_contract: refuse to start (``IncompatibleContract``) when the
+            contract recorded in Redis by producers or other workers cannot be read by this
+            worker's contract; when False the differences are logged at ERROR and the worker
+            starts.
     """
 
     def __init__(
@@ -68,6 +79,7 @@ class WorkerManager:
         hooks: Hooks | None = None,
         consumer_name: str | None = None,
         allow_unsafe_eviction: bool = False,
+        refuse_incompatible_contract: bool = True,
     ) -> None:
         self.redis_url = redis_url
         self.cluster = cluster
@@ -76,6 +88,8 @@ class WorkerManager:
         self.hooks = hooks or Hooks()
         self.consumer = consumer_name or default_consumer_name()
         self.allow_unsafe_eviction = allow_unsafe_eviction
+        self.refuse_incompatible_contract = refuse_incompatible_contract
+        self.redis_status = RedisStatus(self.hooks)
         self._pending: dict[str, tuple[Lane, Registration, WorkerOptions]] = {}
         self._workers: dict[str, Worker] = {}
         self._clients: list[Any] = []
@@ -87,15 +101,26 @@ class WorkerManager:
     def register(
         self,
         queue: Lane | type[QueueContract],
-        processor: Registration,
+        processor: Registration | Processor,
         options: WorkerOptions | None = None,
     ) -> None:
         """Consume ``queue`` (a lane, or a contract's primary lane) with ``processor``.
 
+        ``processor`` is an app's :class:`Registration`, or a plain function taking a
+        ``Job[...]`` (async or sync) that handles every job of the queue.
+
         Raises:
-            RegistrationError: the queue is already registered, or the manager started.
+            RegistrationError: the queue is already registered, the manager started, or
+                ``processor`` is neither a registration nor a valid processor function.
         """
-        lane = queue.primary if isinstance(queue, type) else queue
+        if isinstance(queue, type) and issubclass(queue, QueueContract):
+            lane = queue.primary
+        elif isinstance(queue, Lane):
+            lane = queue
+        else:
+            raise RegistrationError(f"register() needs a QueueContract or a Lane, got {queue!r}")
+        if not isinstance(processor, Registration):
+            processor = self._wrap_function(lane, processor)
         if lane.name in self._pending:
             raise RegistrationError(f"queue {lane.name!r} is already registered", queue=lane.name)
         if self.started:
@@ -107,6 +132,19 @@ class WorkerManager:
                 queue=lane.name,
             )
         self._pending[lane.name] = (lane, processor, options or processor.options)
+
+    @staticmethod
+    def _wrap_function(lane: Lane, fn: Any) -> Registration:
+        if not callable(fn):
+            raise RegistrationError(
+                f"queue {lane.name!r}: the processor must be a function taking a Job, got "
+                f"{fn!r}", queue=lane.name,
+            )
+        app = App([lane.contract])
+        app.processor(lane.contract)(fn)  # the same checks as @app.processor
+        reg = app.registration(lane.name)
+        assert reg is not None
+        return reg
 
     def register_app(
         self,
@@ -172,7 +210,7 @@ class WorkerManager:
             cfg = await client.config_get("maxmemory-policy")
         except Exception as exc:
             mapped = map_error(exc)
-            if mapped is not None:
+            if isinstance(mapped, RedisUnavailable):
                 raise mapped from exc
             # CONFIG is often disabled on managed Redis: say so, and go on.
             _log.warning("cannot read maxmemory-policy; make sure it is noeviction",
@@ -223,12 +261,38 @@ class WorkerManager:
                 consumer=self.consumer,
                 hooks=self.hooks,
                 cluster=self.cluster,
+                status=self.redis_status,
             )
         self.started = True
-        for w in self._workers.values():
-            await w.start()
+        try:
+            for w in self._workers.values():
+                await self._check_contract(client, w)
+                await w.start()
+        except BaseException:
+            await self.close_workers()
+            raise
         _log.info("worker started", extra={"consumer": self.consumer,
                                            "queues": list(self._workers)})
+
+    async def _check_contract(self, client: Any, w: Worker) -> None:
+        """Compare the contract recorded in Redis with this worker's, then record ours."""
+        from streamq import fingerprint
+
+        keys = w.keys
+        breaking = await fingerprint.check_contract(client, keys, w.contract)
+        if breaking:
+            msg = (
+                f"queue {w.name!r}: the contract recorded in Redis by producers or workers of "
+                f"another version is incompatible with this worker's: {'; '.join(breaking)}"
+            )
+            if self.refuse_incompatible_contract:
+                raise IncompatibleContract(
+                    msg + " (deploy compatible versions, or pass "
+                    "refuse_incompatible_contract=False / WORKER_REFUSE_INCOMPATIBLE=false)",
+                    changes=breaking,
+                )
+            _log.error(msg + "; starting anyway as configured", extra={"queue": w.name})
+        await fingerprint.record_contract(client, keys, w.contract)
 
     async def close_workers(self, timeout_s: float | None = None) -> None:
         """Graceful shutdown of every worker (see :meth:`Worker.close`), then disconnect."""

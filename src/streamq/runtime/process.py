@@ -1,4 +1,4 @@
-"""One job, in stages: decode, validate, run, settle.
+"""One job, in stages: decode, validate, run, settle, and report the outcome Redis confirmed.
 
 The outcome of a run decides the settle (DESIGN.md §6):
 
@@ -13,16 +13,24 @@ raises anything else              retried with backoff until attempts run out,
                                   then dead letter (reason ``error``)
 payload invalid / job unknown     dead letter now, never run
 ================================  ==============================================
+
+What hooks, logs, spans and metrics hear is the settle's answer, not the intent: a complete
+that the fence refused is ``lock_lost``, never ``completed``. The slot is freed as soon as
+the processor returns; the job's task waits for the answer inside its span.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from streamq import ops
+from streamq.app import Registration
 from streamq.backoff import compute_backoff_ms
 from streamq.envelope import RawJob, add_error_to_baggage, decode_entry, validate_payload
 from streamq.errors import InvalidPayload, JobTimeout, PermanentError, Retry
@@ -30,15 +38,19 @@ from streamq.hooks import JobInfo
 from streamq.job import Job
 from streamq.keys import ShardKeys
 from streamq.redact import scrub_text, secret_values
+from streamq.runtime.context import LaneContext
 from streamq.runtime.execute import run_processor
-from streamq.runtime.settle import SettleOp
+from streamq.runtime.fetch import Entry
+from streamq.runtime.settle import SettleOp, Status
 
-if TYPE_CHECKING:
-    from streamq.runtime.worker import Worker
+__all__ = ["JobRunner", "retry_values"]
 
-__all__ = ["process_entry"]
+_log = logging.getLogger("streamq.worker")
 
 TRACEBACK_LINES = 8
+
+# The outcome a settle kind reports when Redis applied it.
+_APPLIED = {"complete": "completed", "release": "released"}
 
 
 def _flat(fields: dict[bytes, bytes]) -> list[bytes]:
@@ -49,186 +61,291 @@ def _flat(fields: dict[bytes, bytes]) -> list[bytes]:
     return out
 
 
-def dead_fields(
-    w: Worker,
-    fields: dict[bytes, bytes],
-    *,
-    reason: str,
-    error: BaseException | None,
-    attempts: int,
-) -> list[str | bytes]:
-    """The dead-letter record: the original envelope fields plus why and where it died."""
-    tb = ""
-    if error is not None:
-        lines = traceback.format_exception(type(error), error, error.__traceback__)
-        tb = "".join(lines)[-4000:]
-        tb = "\n".join(tb.splitlines()[-TRACEBACK_LINES:])
-    # Error text may quote the payload (a validation error shows its input): never store a
-    # secret field's value there; the payload itself is redacted when listed.
-    secrets = secret_values(fields.get(b"payload", b""), w.contract.secret_fields)
-    extra: list[str | bytes] = [
-        "reason", reason,
-        "error_type", type(error).__name__ if error else "",
-        "error", scrub_text(str(error), secrets)[:2000] if error else "",
-        "traceback", scrub_text(tb, secrets),
-        "attempts", str(attempts),
-        "worker", w.consumer,
-        "queue", w.lane.name,
-    ]
-    return [*_flat(fields), *extra]
+def retry_values(raw: RawJob, **changes: Any) -> tuple[list[str | bytes], list[bytes]]:
+    """The envelope values of a retry, and the entry's fields this version does not know.
+
+    A newer producer may have added envelope fields: a retry keeps them (flat name/value
+    pairs after the known fields), as dead letters and releases do.
+    """
+    from streamq.envelope import FIELD_NAMES
+
+    known = {n.encode() for n in FIELD_NAMES}
+    extra: list[bytes] = []
+    for k, v in raw.fields.items():
+        kb = k if isinstance(k, bytes) else str(k).encode()
+        if kb not in known:
+            extra.append(kb)
+            extra.append(v if isinstance(v, bytes) else str(v).encode())
+    return raw.encoded(**changes), extra
 
 
-async def _dead(
-    w: Worker,
-    shard: ShardKeys,
-    entry_id: str,
-    fields: dict[bytes, bytes],
-    *,
-    reason: str,
-    error: BaseException | None,
-    attempts: int,
-    job_name: str,
-) -> None:
-    call = ops.fail(
-        shard,
-        w.group,
-        w.consumer,
-        entry_id=entry_id,
-        dead_fields=dead_fields(w, fields, reason=reason, error=error, attempts=attempts),
-        dead_cap=w.options.dead_letter_cap,
-    )
+class JobRunner:
+    """Runs entries of one lane to their confirmed outcome.
 
-    def count(ok: bool) -> None:
-        # Only a dead letter that landed counts: a fenced-out fail is a lost lock instead.
-        if ok:
-            w.on_dead(shard, job_name, reason)
+    Args:
+        ctx: the lane.
+        registration: the processors.
+        pool: threads for sync processors.
+        submit: hands a settle to the settler.
+        extend_lock: asks the renewal thread for a renewal now (``job.extend_lock``).
+    """
 
-    w.settle(SettleOp("fail", shard, entry_id, call, then=count))
+    def __init__(
+        self,
+        ctx: LaneContext,
+        registration: Registration,
+        pool: ThreadPoolExecutor,
+        *,
+        submit: Callable[[SettleOp], None],
+        extend_lock: Callable[[], None],
+    ) -> None:
+        self.ctx = ctx
+        self.registration = registration
+        self.pool = pool
+        self.submit = submit
+        self.extend_lock = extend_lock
+        self.running: dict[tuple[int, str], Job[Any]] = {}
 
+    def mark_lost(self, shard: int, ids: list[str]) -> list[str]:
+        """Flag running jobs whose lock was lost; returns the ids that are not running."""
+        rest = []
+        for eid in ids:
+            job = self.running.get((shard, eid))
+            if job is None:
+                rest.append(eid)
+            else:
+                job._lost = True
+        return rest
 
-def _retry(
-    w: Worker, shard: ShardKeys, raw: RawJob, *, delay_ms: int, values: list[str | bytes]
-) -> None:
-    call = ops.retry(
-        shard,
-        w.group,
-        w.consumer,
-        entry_id=raw.entry_id,
-        job_id=raw.id,
-        delay_ms=delay_ms,
-        values=values,
-    )
-    w.settle(SettleOp("retry", shard, raw.entry_id, call))
+    # -- settling ------------------------------------------------------------------------------
+    def _settle(self, op: SettleOp) -> asyncio.Future[Status | None]:
+        fut: asyncio.Future[Status | None] = asyncio.get_running_loop().create_future()
 
+        def then(status: Status | None) -> None:
+            if not fut.done():
+                fut.set_result(status)
 
-async def process_entry(
-    w: Worker, shard: ShardKeys, entry_id: str, fields: dict[bytes, bytes]
-) -> None:
-    """Run one fetched entry to its settle. Never raises (errors become settles)."""
-    try:
-        raw = decode_entry(entry_id, fields)
-    except Exception as exc:
-        # Whatever cannot be decoded is poison, InvalidPayload or not (JSON nested too deep
-        # raises RecursionError): left unsettled, it would be held and renewed forever.
-        await _dead(w, shard, entry_id, fields, reason="invalid_payload", error=exc,
-                    attempts=0, job_name="")
-        return
-    spec = w.contract.jobs.get(raw.name)
-    handler = w.registration.handler(raw.name)
-    if spec is None or handler is None:
-        exc2 = InvalidPayload(
-            f"queue {w.lane.name!r} has no processor for job {raw.name!r}",
-            queue=w.lane.name, job=raw.name, job_id=raw.id,
-        )
-        await _dead(w, shard, entry_id, fields, reason="unknown_job", error=exc2,
-                    attempts=raw.attempt - 1, job_name=raw.name if spec else "")
-        return
-    try:
-        payload = validate_payload(raw, spec.model, queue=w.lane.name)
-    except Exception as exc:
-        # A model validator may raise more than ValueError (pydantic passes a TypeError or
-        # KeyError through): still poison, never run.
-        await _dead(w, shard, entry_id, fields, reason="invalid_payload", error=exc,
-                    attempts=raw.attempt - 1, job_name=raw.name)
-        return
-    await _run(w, shard, raw, payload, handler)
+        op.then = then
+        self.submit(op)
+        return fut
 
+    def _dead_op(self, shard: ShardKeys, entry_id: str, fields: dict[bytes, bytes], *,
+                 reason: str, error: BaseException | None, attempts: int) -> SettleOp:
+        ctx = self.ctx
+        dead = self.dead_fields(fields, reason=reason, error=error, attempts=attempts)
+        return SettleOp("fail", shard, entry_id, build=lambda token: ops.fail(
+            shard, ctx.group, ctx.consumer, entry_id=entry_id, dead_fields=dead,
+            dead_cap=ctx.options.dead_letter_cap, token=token,
+        ))
 
-async def _run(w: Worker, shard: ShardKeys, raw: RawJob, payload: Any, handler: Any) -> None:
-    tenant = None
-    if w.contract.tenant_field:
-        tenant = str(getattr(payload, w.contract.tenant_field, "") or "") or None
-    info = JobInfo(
-        queue=w.lane.name,
-        shard=shard.name,
-        job_id=raw.id,
-        job_name=raw.name,
-        attempt=raw.attempt,
-        max_attempts=w.max_attempts,
-        entry_id=raw.entry_id,
-        wait_ms=max(0.0, w.server_now_ms() - raw.due_ms),
-        tenant=tenant,
-        trace_context=raw.trace_context,
-        secret_values=(
-            secret_values(raw.payload_json, w.contract.secret_fields)
-            if w.contract.secret_fields else frozenset()
-        ),
-    )
-    job: Job[Any] = Job(
-        id=raw.id, name=raw.name, queue=w.lane.name, shard=shard.name, payload=payload,
-        attempt=raw.attempt, max_attempts=w.max_attempts, timestamp=raw.timestamp_ms,
-        retry_baggage=raw.retry_baggage, trace_context=raw.trace_context, tenant=tenant,
-        extend_lock=w.renew_now,
-    )
-    w.running[(shard.index, raw.entry_id)] = job
-    w.hooks.job_started(info)
-    started = time.perf_counter()
-    with w.hooks.process_context(info):
-        error: BaseException | None = None
+    def _retry_op(self, shard: ShardKeys, raw: RawJob, *, delay_ms: int,
+                  values: tuple[list[str | bytes], list[bytes]]) -> SettleOp:
+        ctx = self.ctx
+        # A delayed record is keyed by job id and entry id: unique (an entry is retried at most
+        # once, fenced), so two copies of one job id never overwrite each other.
+        member = f"{raw.id}:{raw.entry_id}"
+        env, extra = values
+        return SettleOp("retry", shard, raw.entry_id, build=lambda token: ops.retry(
+            shard, ctx.group, ctx.consumer, entry_id=raw.entry_id, member=member,
+            delay_ms=delay_ms, values=env, extra_fields=extra, token=token,
+        ))
+
+    def dead_fields(self, fields: dict[bytes, bytes], *, reason: str,
+                    error: BaseException | None, attempts: int) -> list[str | bytes]:
+        """The dead-letter record: the original entry's fields plus why and where it died."""
+        tb = ""
+        if error is not None:
+            lines = traceback.format_exception(type(error), error, error.__traceback__)
+            tb = "\n".join("".join(lines)[-4000:].splitlines()[-TRACEBACK_LINES:])
+        # Error text may quote the payload (a validation error shows its input): never store
+        # a secret field's value there; the payload itself is redacted when listed.
+        secrets = secret_values(fields.get(b"payload", b""), self.ctx.contract.secret_fields)
+        extra: list[str | bytes] = [
+            "reason", reason,
+            "error_type", type(error).__name__ if error else "",
+            "error", scrub_text(str(error), secrets)[:2000] if error else "",
+            "traceback", scrub_text(tb, secrets),
+            "attempts", str(attempts),
+            "worker", self.ctx.consumer,
+            "queue", self.ctx.name,
+        ]
+        return [*_flat(fields), *extra]
+
+    def _count_dead(self, shard: ShardKeys, job_name: str, reason: str,
+                    status: Status | None) -> None:
+        if status == Status.APPLIED:
+            self.ctx.hooks.job_dead_lettered(self.ctx.name, shard.name, job_name, reason)
+
+    # -- running -------------------------------------------------------------------------------
+    async def run(self, shard: ShardKeys, entry: Entry, slot_free: Callable[[], None]) -> None:
+        """Run one entry to its confirmed settle. Never raises but CancelledError."""
+        freed = False
+
+        def free() -> None:
+            nonlocal freed
+            if not freed:
+                freed = True
+                slot_free()
+
         try:
-            await run_processor(handler, job, timeout_s=w.options.timeout_s, pool=w.pool)
-            outcome = "completed"
-            w.settle(SettleOp("complete", shard, raw.entry_id))
-        except Retry as exc:
-            error, outcome = exc, "delayed"
-            _retry(w, shard, raw, delay_ms=exc.delay_ms, values=raw.encoded())
-        except PermanentError as exc:
-            error, outcome = exc, "failed"
-            await _dead(w, shard, raw.entry_id, raw.fields, reason="permanent", error=exc,
-                        attempts=raw.attempt, job_name=raw.name)
-        except Exception as exc:
-            error = exc
-            outcome = await _failed_attempt(w, shard, raw, exc)
-        except asyncio.CancelledError:
-            # Shutdown ran out of time: the worker releases the entry (Worker._guarded).
-            # The run still ends for the hooks, so its processing time is recorded.
-            w.hooks.job_finished(info, "released", time.perf_counter() - started, None)
-            raise
+            await self._run(shard, entry, free)
         finally:
-            w.running.pop((shard.index, raw.entry_id), None)
-        if job.lock_lost:
-            # Renewal found the job reclaimed by another worker while it ran: the settle
-            # above is refused (fenced), so this run must not count as completed or failed.
-            outcome = "lock_lost"
-        w.hooks.job_finished(info, outcome, time.perf_counter() - started, error)
+            free()
+
+    async def _run(self, shard: ShardKeys, entry: Entry, free: Callable[[], None]) -> None:
+        ctx = self.ctx
+        try:
+            raw = decode_entry(entry.entry_id, entry.fields)
+        except Exception as exc:
+            # Whatever cannot be decoded is poison, InvalidPayload or not (JSON nested too
+            # deep raises RecursionError): left unsettled, it would be held forever.
+            await self._poison(shard, entry, "invalid_payload", exc, 0, "", free)
+            return
+        spec = ctx.contract.jobs.get(raw.name)
+        handler = self.registration.handler(raw.name)
+        if spec is None or handler is None:
+            exc2 = InvalidPayload(
+                f"queue {ctx.name!r} has no processor for job {raw.name!r}",
+                queue=ctx.name, job=raw.name, job_id=raw.id,
+            )
+            await self._poison(shard, entry, "unknown_job", exc2, raw.attempt - 1,
+                               raw.name if spec else "", free)
+            return
+        try:
+            payload = validate_payload(raw, spec.model, queue=ctx.name)
+        except Exception as exc:
+            # A model validator may raise more than ValueError: still poison, never run.
+            await self._poison(shard, entry, "invalid_payload", exc, raw.attempt - 1,
+                               raw.name, free)
+            return
+        await self._attempt(shard, raw, payload, handler, free)
+
+    async def _poison(self, shard: ShardKeys, entry: Entry, reason: str, exc: BaseException,
+                      attempts: int, job_name: str, free: Callable[[], None]) -> None:
+        fut = self._settle(self._dead_op(shard, entry.entry_id, entry.fields, reason=reason,
+                                         error=exc, attempts=attempts))
+        free()
+        self._count_dead(shard, job_name, reason, await fut)
+
+    def _info(self, shard: ShardKeys, raw: RawJob, payload: Any) -> tuple[JobInfo, Job[Any]]:
+        ctx = self.ctx
+        tenant = None
+        if ctx.contract.tenant_field:
+            tenant = str(getattr(payload, ctx.contract.tenant_field, "") or "") or None
+        info = JobInfo(
+            queue=ctx.name, shard=shard.name, job_id=raw.id, job_name=raw.name,
+            attempt=raw.attempt, max_attempts=ctx.max_attempts, entry_id=raw.entry_id,
+            wait_ms=max(0.0, ctx.clock.now_ms() - raw.due_ms), tenant=tenant,
+            trace_context=raw.trace_context,
+            secret_values=(
+                secret_values(raw.payload_json, ctx.contract.secret_fields)
+                if ctx.contract.secret_fields else frozenset()
+            ),
+        )
+        job: Job[Any] = Job(
+            id=raw.id, name=raw.name, queue=ctx.name, shard=shard.name, payload=payload,
+            attempt=raw.attempt, max_attempts=ctx.max_attempts, timestamp=raw.timestamp_ms,
+            retry_baggage=raw.retry_baggage, trace_context=raw.trace_context, tenant=tenant,
+            extend_lock=self.extend_lock,
+        )
+        return info, job
+
+    async def _attempt(self, shard: ShardKeys, raw: RawJob, payload: Any, handler: Any,
+                       free: Callable[[], None]) -> None:
+        ctx = self.ctx
+        info, job = self._info(shard, raw, payload)
+        key = (shard.index, raw.entry_id)
+        self.running[key] = job
+        ctx.hooks.job_started(info)
+        started = time.perf_counter()
+        with ctx.hooks.process_context(info):
+            error: BaseException | None = None
+            try:
+                try:
+                    await run_processor(handler, job, timeout_s=ctx.options.timeout_s,
+                                        pool=self.pool)
+                    op, intent = SettleOp("complete", shard, raw.entry_id), "completed"
+                except Retry as exc:
+                    error, intent = exc, "delayed"
+                    op = self._retry_op(shard, raw, delay_ms=exc.delay_ms,
+                                        values=retry_values(raw))
+                except PermanentError as exc:
+                    error, intent = exc, "failed"
+                    op = self._dead_op(shard, raw.entry_id, raw.fields, reason="permanent",
+                                       error=exc, attempts=raw.attempt)
+                except Exception as exc:
+                    error = exc
+                    op, intent = self._failed_attempt(shard, raw, exc)
+            except asyncio.CancelledError:
+                # Shutdown ran out of time: hand the job back so another worker takes it now.
+                await self._released(shard, raw, info, started, free)
+                raise
+            finally:
+                self.running.pop(key, None)
+            duration = time.perf_counter() - started
+            fut = self._settle(op)
+            free()
+            status = await fut
+            outcome = _confirmed(op.kind, intent, status)
+            if op.kind == "fail":
+                reason = _reason(error)
+                self._count_dead(shard, raw.name, reason, status)
+            ctx.hooks.job_finished(info, outcome, duration, error)
+
+    async def _released(self, shard: ShardKeys, raw: RawJob, info: JobInfo, started: float,
+                        free: Callable[[], None]) -> None:
+        duration = time.perf_counter() - started
+        fut = self._settle(SettleOp("release", shard, raw.entry_id))
+        free()
+        try:
+            status = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            status = None
+        self.ctx.hooks.job_finished(info, _confirmed("release", "released", status), duration,
+                                    None)
+
+    def _failed_attempt(self, shard: ShardKeys, raw: RawJob,
+                        exc: Exception) -> tuple[SettleOp, str]:
+        ctx = self.ctx
+        reason = "timeout" if isinstance(exc, JobTimeout) else "error"
+        if raw.attempt >= ctx.max_attempts:
+            self._log_failure(raw, exc, final=True)
+            return self._dead_op(shard, raw.entry_id, raw.fields, reason=reason, error=exc,
+                                 attempts=raw.attempt), "failed"
+        self._log_failure(raw, exc, final=False)
+        baggage = add_error_to_baggage(
+            raw.retry_baggage, attempt=raw.attempt, error_type=type(exc).__name__,
+            message=str(exc), at_ms=int(ctx.clock.now_ms()),
+        )
+        delay = compute_backoff_ms(ctx.backoff, raw.attempt)
+        values = retry_values(raw, attempt=raw.attempt + 1, retry_baggage=baggage)
+        return self._retry_op(shard, raw, delay_ms=delay, values=values), "retried"
+
+    def _log_failure(self, raw: RawJob, exc: BaseException, *, final: bool) -> None:
+        _log.warning(
+            "job failed; dead-lettering" if final else "job failed; will retry",
+            extra={
+                "queue": self.ctx.name, "job_id": raw.id, "job": raw.name,
+                "attempt": raw.attempt, "error_type": type(exc).__name__,
+                "error": scrub_text(
+                    str(exc), secret_values(raw.payload_json, self.ctx.contract.secret_fields)
+                )[:500],
+            },
+        )
 
 
-async def _failed_attempt(w: Worker, shard: ShardKeys, raw: RawJob, exc: Exception) -> str:
-    reason = "timeout" if isinstance(exc, JobTimeout) else "error"
-    if raw.attempt >= w.max_attempts:
-        w.log_failure(raw, exc, final=True)
-        await _dead(w, shard, raw.entry_id, raw.fields, reason=reason, error=exc,
-                    attempts=raw.attempt, job_name=raw.name)
-        return "failed"
-    w.log_failure(raw, exc, final=False)
-    baggage = add_error_to_baggage(
-        raw.retry_baggage,
-        attempt=raw.attempt,
-        error_type=type(exc).__name__,
-        message=str(exc),
-        at_ms=int(w.server_now_ms()),
-    )
-    delay = compute_backoff_ms(w.backoff, raw.attempt)
-    _retry(w, shard, raw, delay_ms=delay,
-           values=raw.encoded(attempt=raw.attempt + 1, retry_baggage=baggage))
-    return "retried"
+def _reason(error: BaseException | None) -> str:
+    if isinstance(error, PermanentError):
+        return "permanent"
+    if isinstance(error, JobTimeout):
+        return "timeout"
+    return "error"
+
+
+def _confirmed(kind: str, intent: str, status: Status | None) -> str:
+    """The outcome to report: the intent when Redis applied it, else what happened."""
+    if status is None:
+        return "unsettled"
+    if status == Status.APPLIED:
+        return _APPLIED.get(kind, intent)
+    return "lock_lost"

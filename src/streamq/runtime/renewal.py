@@ -20,6 +20,9 @@ __all__ = ["HeldEntries", "LockRenewer"]
 
 _log = logging.getLogger("streamq.worker")
 
+RETRY_AFTER_FAILURE_S = 0.1
+"""First wait after a failed renewal (doubling up to 1.6 s, never above the interval)."""
+
 
 class HeldEntries:
     """Entry ids this worker holds (fetched and not yet settled), per shard; thread-safe."""
@@ -82,17 +85,27 @@ class LockRenewer(threading.Thread):
         self.renewals = 0
 
     def run(self) -> None:
+        wait = self.interval_s
+        failures = 0
         while not self._stop.is_set():
-            self._now.wait(self.interval_s)
+            self._now.wait(wait)
             self._now.clear()
             if self._stop.is_set():
                 break
             try:
                 self.renew_once()
+                failures, wait = 0, self.interval_s
             except Exception as exc:
+                # Retry soon, not a whole interval later: one failed renewal plus a full
+                # interval can already be most of the lock.
+                failures += 1
+                wait = min(self.interval_s, RETRY_AFTER_FAILURE_S * 2 ** min(failures - 1, 4))
                 if self.on_error:
                     self.on_error(exc)
-                _log.warning("lock renewal failed", extra={"queue": self.queue, "error": repr(exc)})
+                if failures == 1 or failures % 20 == 0:
+                    _log.warning("lock renewal failed; retrying soon",
+                                 extra={"queue": self.queue, "error": repr(exc),
+                                        "failures": failures, "retry_in_s": round(wait, 3)})
 
     def renew_once(self) -> None:
         snap = self.held.snapshot()

@@ -1,75 +1,93 @@
-"""Settling finished jobs in batches: one pipelined round trip for everything pending.
+"""Settling finished jobs: coalesced, fenced calls whose confirmed result is each job's outcome.
 
-Completions of one shard become one fenced ``complete`` call; releases likewise; retries and
-dead letters are one call each, all in the same pipeline. While a flush is in flight, new
-settles accumulate for the next one, so the batch grows with the load and a lone job is
-settled at once. A flush that fails (Redis unreachable) is kept and tried again with
-backoff: a settle is never dropped.
+Completions of one shard become one ``complete`` call, releases likewise; retries and dead
+letters are one call each; all of a flush go in one pipelined round trip. While a flush is in
+flight, new settles wait for the next one, so the batch grows with the load.
+
+Every call carries a token. A call whose reply was lost (connection dropped, Redis restarted
+after the write) is sent again with the **same** token, and the script answers with the reply
+it stored the first time: a re-send never turns "completed" into "lock lost". Each call's
+reply is resolved on its own: when one call of a pipeline fails (OOM, a refusal) only that
+call is sent again, the ones that landed are resolved. Nothing is ever dropped: a flush that
+fails is retried with backoff until the worker stops (then :meth:`Settler.abandon` resolves
+what is left as unsettled).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from streamq import ops
-from streamq._redis import Call, run_calls
-from streamq.hooks import Hooks
+from streamq._redis import Call, run_calls_each
 from streamq.keys import ShardKeys
+from streamq.runtime.context import LaneContext, new_token
 
 __all__ = ["SettleOp", "Settler"]
 
 _log = logging.getLogger("streamq.worker")
 
 Kind = Literal["complete", "release", "retry", "fail"]
+Status = ops.SettleStatus
 
 
 @dataclass(slots=True)
 class SettleOp:
-    """One settle. ``call`` is given for retry and fail; complete/release are batched.
+    """One settle.
 
-    ``then(ok)`` runs when the settle lands: ok is True when applied, False when the lock was
-    lost. (A plain callback, not a future per job: the hot path settles every job.)
+    ``build(token)`` makes the call for retry and fail (complete and release are batched per
+    shard). ``then(status)`` runs once Redis answered: ``APPLIED``, ``OTHER_OWNER``, ``GONE``;
+    or ``None`` when the worker stopped before any answer came.
     """
 
     kind: Kind
     shard: ShardKeys
     entry_id: str
-    call: Call | None = None
-    then: Callable[[bool], None] | None = None
+    build: Callable[[str], Call] | None = None
+    then: Callable[[Status | None], None] | None = None
+
+
+@dataclass(slots=True)
+class _Sent:
+    """A built call, its token and the ops it settles; kept as-is for re-sends."""
+
+    call: Call
+    ops: list[SettleOp]
+    batched: bool
+    tries: int = 0
+    errors: list[str] = field(default_factory=list)
 
 
 class Settler:
-    """Collects settles and flushes them in one pipeline per round trip."""
+    """Collects settles and flushes them; see the module doc.
+
+    ``on_settled(op, status)`` runs for every op as its answer arrives, before ``op.then``.
+    ``on_error(exc)`` is told of every failed flush or call; ``on_ok()`` of every flush that
+    went through.
+    """
 
     def __init__(
         self,
-        client: object,
+        ctx: LaneContext,
         *,
-        queue: str,
-        group: str,
-        consumer: str,
-        hooks: Hooks,
-        on_unavailable: Callable[[BaseException], None] | None = None,
-        on_settled: Callable[[SettleOp, bool], None] | None = None,
+        on_settled: Callable[[SettleOp, Status | None], None],
+        on_error: Callable[[BaseException], None],
+        on_ok: Callable[[], None],
     ) -> None:
-        self.client = client
-        # Called for each op as its flush lands (before the op's own ``then``).
+        self.ctx = ctx
         self.on_settled = on_settled
-        self.queue = queue
-        self.group = group
-        self.consumer = consumer
-        self.hooks = hooks
-        self.on_unavailable = on_unavailable
+        self.on_error = on_error
+        self.on_ok = on_ok
         self._pending: list[SettleOp] = []
+        self._resend: list[_Sent] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self.flushes = 0
+        self.resends = 0
 
     def submit(self, op: SettleOp) -> None:
         """Queue ``op`` for the next flush."""
@@ -79,78 +97,106 @@ class Settler:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        """Ops not answered yet (queued or waiting for a re-send)."""
+        return len(self._pending) + sum(len(s.ops) for s in self._resend)
 
     async def run(self) -> None:
-        """Flush whenever something is pending, until cancelled."""
+        """Flush whenever something is pending, until cancelled; backs off while failing."""
         delay = 0.05
         while True:
-            await self._wake.wait()
+            if not self._pending and not self._resend:
+                self._idle.set()
+                await self._wake.wait()
             self._wake.clear()
-            while self._pending:
-                try:
-                    await self._flush()
-                    delay = 0.05
-                except Exception as exc:
-                    self.hooks.redis_error(self.queue, exc)
-                    if self.on_unavailable:
-                        self.on_unavailable(exc)
-                    _log.warning(
-                        "settle flush failed; retrying",
-                        extra={"queue": self.queue, "error": repr(exc), "pending": self.pending},
-                    )
-                    await asyncio.sleep(delay * random.uniform(0.5, 1.5))
-                    delay = min(delay * 2, 5.0)
-            self._idle.set()
+            try:
+                failed = await self._flush()
+            except Exception as exc:
+                # The whole round trip failed (connection lost): everything is kept.
+                self.on_error(exc)
+                failed = True
+            if failed:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            else:
+                delay = 0.05
 
     async def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until nothing is pending; False on timeout."""
+        """Wait until every op got its answer; False on timeout."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except TimeoutError:
             return False
         return True
 
-    def _calls(self, batch: list[SettleOp]) -> tuple[list[Call], list[list[SettleOp]]]:
+    def abandon(self) -> int:
+        """Resolve every op still unanswered as unsettled (``None``); returns how many."""
+        left = [*self._pending, *(op for s in self._resend for op in s.ops)]
+        self._pending, self._resend = [], []
+        for op in left:
+            self._resolve(op, None)
+        self._idle.set()
+        return len(left)
+
+    # -- building and sending ------------------------------------------------------------------
+    def _build(self, batch: list[SettleOp]) -> list[_Sent]:
+        ctx = self.ctx
         grouped: dict[tuple[Kind, int], list[SettleOp]] = {}
-        calls: list[Call] = []
-        owners: list[list[SettleOp]] = []
+        sent: list[_Sent] = []
         for op in batch:
-            if op.call is not None:
-                calls.append(op.call)
-                owners.append([op])
+            if op.build is not None:
+                sent.append(_Sent(op.build(new_token()), [op], batched=False))
             else:
                 grouped.setdefault((op.kind, op.shard.index), []).append(op)
         for (kind, _), group_ops in grouped.items():
             wrap = ops.complete if kind == "complete" else ops.release
-            shard = group_ops[0].shard
-            calls.append(wrap(shard, self.group, self.consumer, [o.entry_id for o in group_ops]))
-            owners.append(group_ops)
-        return calls, owners
+            call = wrap(group_ops[0].shard, ctx.group, ctx.consumer,
+                        [o.entry_id for o in group_ops], token=new_token())
+            sent.append(_Sent(call, group_ops, batched=True))
+        return sent
 
-    async def _flush(self) -> None:
+    async def _flush(self) -> bool:
+        """Send everything pending; True when some call failed (to back off)."""
         batch, self._pending = self._pending, []
-        calls, owners = self._calls(batch)
+        todo = self._resend + self._build(batch)
+        self._resend = []
         try:
-            replies = await run_calls(self.client, calls, queue=self.queue)
+            replies = await run_calls_each(self.ctx.client, [s.call for s in todo],
+                                           queue=self.ctx.name)
         except BaseException:
-            self._pending[:0] = batch
+            for s in todo:
+                s.tries += 1
+            self._resend = todo + self._resend
+            if any(s.tries > 1 for s in todo):
+                self.resends += 1
             raise
         self.flushes += 1
-        for group_ops, reply in zip(owners, replies, strict=True):
-            if isinstance(reply, list):
-                lost = set(reply)
-                for op in group_ops:
-                    self._resolve(op, op.entry_id not in lost)
+        self.on_ok()
+        failed = False
+        for s, reply in zip(todo, replies, strict=True):
+            if isinstance(reply, BaseException):
+                failed = True
+                s.tries += 1
+                self._resend.append(s)
+                self.on_error(reply)
+                if s.tries in (1, 10) or s.tries % 100 == 0:
+                    _log.warning(
+                        "a settle call failed; sending it again",
+                        extra={"queue": self.ctx.name, "kind": s.ops[0].kind,
+                               "jobs": len(s.ops), "tries": s.tries, "error": repr(reply)},
+                    )
+                continue
+            if s.batched:
+                for op, status in zip(s.ops, reply, strict=True):
+                    self._resolve(op, Status(status))
             else:
-                self._resolve(group_ops[0], bool(reply))
+                self._resolve(s.ops[0], Status(reply))
+        return failed
 
-    def _resolve(self, op: SettleOp, ok: bool) -> None:
+    def _resolve(self, op: SettleOp, status: Status | None) -> None:
         try:
-            if self.on_settled is not None:
-                self.on_settled(op, ok)
+            self.on_settled(op, status)
             if op.then is not None:
-                op.then(ok)
+                op.then(status)
         except Exception:
             # The rest of the batch must still resolve: their entries are held until then.
-            _log.exception("settle callback failed", extra={"queue": self.queue})
+            _log.exception("settle callback failed", extra={"queue": self.ctx.name})

@@ -1,9 +1,13 @@
-"""One queue lane's consumer: fetch, dispatch, and the state its policies share.
+"""One queue lane's consumer: wires fetch, dispatch, run, settle, renewal and maintenance.
 
-Fetching asks for as many entries as there are free slots, all shards in one
-``XREADGROUP`` (one per shard on a cluster, where the shards live in different slots).
-Entries wait in a small local buffer until a slot (and a rate-limit token) is free; they are
-held, so their locks are renewed, and they are released on shutdown.
+The policies live in their own modules and share a :class:`LaneContext`; this class only
+connects them and runs their loops under a :class:`Supervisor`. The invariants it wires:
+
+* entries held (running + buffered) never exceed ``concurrency + prefetch`` (fetch.py);
+* an outcome is reported only once Redis confirmed it (process.py, settle.py);
+* a stalled entry is claimed only when it can start, and charged only for starts (reclaim.py);
+* no loop dies silently (supervise.py);
+* a graceful stop leaves this consumer nothing pending (heartbeat.reconcile_pending).
 """
 
 from __future__ import annotations
@@ -11,36 +15,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
-from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from redis.exceptions import ResponseError
-
 from streamq import ops
-from streamq._redis import map_error, run_calls
+from streamq._redis import run_calls
 from streamq.app import Registration
-from streamq.backoff import BackoffLike
 from streamq.contracts import Lane
-from streamq.envelope import RawJob
 from streamq.hooks import Hooks
-from streamq.job import Job
 from streamq.keys import QueueKeys, ShardKeys
 from streamq.options import WorkerOptions
-from streamq.redact import scrub_text, secret_values
-from streamq.runtime import maintenance
-from streamq.runtime.process import process_entry
+from streamq.runtime import heartbeat
+from streamq.runtime.context import LaneContext, ServerClock
+from streamq.runtime.fetch import Entry, Intake, Reader, check_foreign_groups, ensure_groups
+from streamq.runtime.process import JobRunner
+from streamq.runtime.promote import Promoter
+from streamq.runtime.reclaim import Reclaimer
 from streamq.runtime.renewal import HeldEntries, LockRenewer
-from streamq.runtime.settle import SettleOp, Settler
+from streamq.runtime.settle import SettleOp, Settler, Status
+from streamq.runtime.supervise import RedisStatus, Supervisor
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "stop_tasks"]
 
 _log = logging.getLogger("streamq.worker")
-
-Entry = tuple[int, str, dict[bytes, bytes]]
 
 
 async def stop_tasks(
@@ -64,14 +63,24 @@ async def stop_tasks(
             return
 
 
-def _group_gone(exc: BaseException) -> bool:
-    """True when a read failed because the stream or its group was deleted.
+class PauseFlag:
+    """The lane's ``paused`` flag in the meta hash, read at most every 0.2-1 s."""
 
-    A read blocked on a stream whose key is deleted fails with ``UNBLOCKED the stream key no
-    longer exists``; the next read of the missing group with ``NOGROUP``.
-    """
-    msg = str(exc)
-    return isinstance(exc, ResponseError) and ("NOGROUP" in msg or msg.startswith("UNBLOCKED"))
+    def __init__(self, client: Any, meta_key: str) -> None:
+        self.client = client
+        self.key = meta_key
+        self.value = False
+        self._until = 0.0
+
+    def fresh(self) -> bool:
+        return time.monotonic() < self._until
+
+    async def __call__(self) -> bool:
+        now = time.monotonic()
+        if now >= self._until:
+            self.value = bool(await self.client.hget(self.key, "paused"))
+            self._until = now + (0.2 if self.value else 1.0)
+        return self.value
 
 
 class Worker:
@@ -91,375 +100,319 @@ class Worker:
         consumer: str,
         hooks: Hooks,
         cluster: bool = False,
+        status: RedisStatus | None = None,
     ) -> None:
-        self.lane = lane
-        self.contract = lane.contract
+        self.ctx = ctx = LaneContext(
+            lane=lane, keys=QueueKeys(prefix, lane.name, lane.shards), group=group,
+            consumer=consumer, options=options, hooks=hooks, client=client,
+            clock=ServerClock(), cluster=cluster,
+        )
         self.registration = registration
-        self.options = options
-        self.client = client
         self.fetch_clients = list(fetch_clients)
-        self.keys = QueueKeys(prefix, lane.name, lane.shards)
-        self.shards: tuple[ShardKeys, ...] = self.keys.shards
-        self._by_stream = {s.stream.encode(): s for s in self.shards}
-        self.group = group
-        self.consumer = consumer
-        self.hooks = hooks
-        self.cluster = cluster
-        self.max_attempts = options.attempts or self.contract.defaults.attempts
-        self.backoff: BackoffLike = options.backoff or self.contract.defaults.backoff
-        self.held = HeldEntries(self.shards)
-        self.running: dict[tuple[int, str], Job[Any]] = {}
-        self.buffer: deque[Entry] = deque()
-        self.active = 0
+        self.status = status or RedisStatus(hooks)
+        self.closing = False
         self.started_total = 0
         self.last_started = time.monotonic()
-        self.clock_offset_ms = 0.0
-        self.closing = False
+        self.last_grant_denied = False
+        self.intake = Intake(options.concurrency, options.prefetch)
+        self.held = HeldEntries(ctx.shards)
+        self.pause = PauseFlag(client, ctx.keys.meta)
+        self.supervisor = Supervisor(lane.name, hooks, self.status)
         self.pool = ThreadPoolExecutor(
             max_workers=options.concurrency + 4, thread_name_prefix=f"streamq-{lane.name}"
         )
-        self.settler = Settler(
-            client, queue=lane.name, group=group, consumer=consumer, hooks=hooks,
-            on_settled=self._settled,
-        )
+        self.settler = Settler(ctx, on_settled=self._settled, on_error=self._redis_error,
+                               on_ok=self.status.ok)
         self.renewer = LockRenewer(
-            renew_client,
-            self.held,
-            queue=lane.name,
-            group=group,
-            consumer=consumer,
+            renew_client, self.held, queue=lane.name, group=group, consumer=consumer,
             interval_s=options.lock_renew_interval_ms / 1000,
-            on_lost=self._lost_from_thread,
-            on_error=self._renew_failed_from_thread,
+            on_lost=self._lost_from_thread, on_error=self._renew_failed_from_thread,
         )
-        self._cond = asyncio.Condition()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._service: list[asyncio.Task[None]] = []
-        self._readers: list[asyncio.Task[None]] = []
+        self.runner = JobRunner(ctx, registration, self.pool, submit=self.settler.submit,
+                                extend_lock=self.renewer.renew_now)
+        closing = self._is_closing
+        self.promoter = Promoter(ctx, on_ok=self.status.ok, closing=closing)
+        self.reclaimer = Reclaimer(ctx, self.intake, self.held, on_lost=self._mark_lost,
+                                   is_paused=self.pause, closing=closing)
+        self.heartbeat = heartbeat.Heartbeat(ctx, on_ok=self.status.ok, closing=closing)
+        self.readers: list[Reader] = []
+        self._jobs: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._paused_until = 0.0
-        self._paused = False
+        self._started = False
 
-    # -- lifecycle -------------------------------------------------------------------------
+    # -- what the rest of the package reads ------------------------------------------------------
     @property
     def name(self) -> str:
-        return self.lane.name
+        return self.ctx.name
 
+    @property
+    def lane(self) -> Lane:
+        return self.ctx.lane
+
+    @property
+    def contract(self) -> Any:
+        return self.ctx.contract
+
+    @property
+    def options(self) -> WorkerOptions:
+        return self.ctx.options
+
+    @property
+    def client(self) -> Any:
+        return self.ctx.client
+
+    @property
+    def keys(self) -> QueueKeys:
+        return self.ctx.keys
+
+    @property
+    def shards(self) -> tuple[ShardKeys, ...]:
+        return self.ctx.shards
+
+    @property
+    def group(self) -> str:
+        return self.ctx.group
+
+    @property
+    def consumer(self) -> str:
+        return self.ctx.consumer
+
+    @property
+    def hooks(self) -> Hooks:
+        return self.ctx.hooks
+
+    @property
+    def active(self) -> int:
+        return self.intake.active
+
+    def server_now_ms(self) -> float:
+        """Now on the Redis server's clock."""
+        return self.ctx.clock.now_ms()
+
+    def _is_closing(self) -> bool:
+        return self.closing
+
+    # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
+        """Check and create the groups, then start every loop under supervision.
+
+        Raises:
+            ForeignConsumerGroup: a stream has another consumer group (jobs would be lost).
+        """
         self._loop = asyncio.get_running_loop()
-        await self.ensure_groups()
-        await maintenance.sync_clock(self)
+        await check_foreign_groups(self.ctx)
+        await ensure_groups(self.ctx)
+        await self.ctx.clock.sync(self.ctx.client)
         self.renewer.start()
-        self.hooks.consumer_started(
-            self.name, [s.name for s in self.shards], list(self.contract.jobs)
-        )
-        spawn = self._loop.create_task
-        self._service = [
-            spawn(self.settler.run(), name=f"settle-{self.name}"),
-            spawn(self._dispatcher(), name=f"dispatch-{self.name}"),
-            spawn(maintenance.promote_loop(self), name=f"promote-{self.name}"),
-            spawn(maintenance.reclaim_loop(self), name=f"reclaim-{self.name}"),
-        ]
-        groups = [[s] for s in self.shards] if self.cluster else [list(self.shards)]
+        self.hooks.consumer_started(self.name, [s.name for s in self.shards],
+                                    list(self.contract.jobs))
+        sup = self.supervisor
+        sup.spawn("settler", self.settler.run)
+        sup.spawn("dispatcher", self._dispatcher)
+        sup.spawn("promoter", self.promoter.run)
+        sup.spawn("reclaimer", self.reclaimer.run)
+        sup.spawn("heartbeat", self.heartbeat.run)
+        groups = [[s] for s in self.shards] if self.ctx.cluster else [list(self.shards)]
         if len(self.fetch_clients) < len(groups):
             raise ValueError(f"{len(groups)} readers need as many fetch clients")
-        self._readers = [
-            spawn(self._reader(g, c), name=f"fetch-{self.name}")
-            for g, c in zip(groups, self.fetch_clients, strict=False)
-        ]
-
-    async def ensure_groups(self) -> None:
-        for s in self.shards:
-            try:
-                await self.client.xgroup_create(s.stream, self.group, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+        for i, (shards, client) in enumerate(zip(groups, self.fetch_clients, strict=False)):
+            reader = Reader(
+                self.ctx, self.intake, client, shards, is_paused=self.pause,
+                on_excess=self._hand_back, on_taken=self._hold, on_ok=self.status.ok,
+                closing=self._is_closing, readers=len(groups),
+            )
+            self.readers.append(reader)
+            sup.spawn(f"reader-{i}" if len(groups) > 1 else "reader", reader.run)
+        self._started = True
 
     async def close(self, timeout_s: float | None = None) -> None:
         """Stop fetching, let running jobs finish up to the shutdown timeout, release the rest.
 
         Entries fetched but not started are released at once; running jobs past the timeout
-        are cancelled and released (fenced), so another worker takes them immediately.
+        are cancelled and released (fenced), so another worker takes them immediately. Then
+        the consumer's own pending list is reconciled: whatever a cancelled read or claim left
+        under its name is released too, so a graceful stop leaves it nothing pending.
         """
         if self.closing:
             return
         self.closing = True
-        if not self._service:
-            # start() never finished: nothing was fetched, so nothing is held or running.
+        self.intake.wake()
+        if not self._started:
             self.renewer.stop()
             self.pool.shutdown(wait=False, cancel_futures=True)
             return
         timeout = self.options.shutdown_timeout_s if timeout_s is None else timeout_s
-        async with self._cond:
-            self._cond.notify_all()
+        tasks = self.supervisor.tasks
         # Nothing may add to the buffer once it is released: stop fetching, dispatching,
-        # promoting and reclaiming first (a reclaim would hand this worker entries to hold).
-        settle_task, *others = self._service
-        await stop_tasks([*self._readers, *others])
-        while self.buffer:
-            idx, eid, _ = self.buffer.popleft()
-            self.settle(SettleOp("release", self.shards[idx], eid))
-        if self._tasks:
-            _done, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+        # promoting and reclaiming first (a claim would hand this worker entries to hold).
+        await stop_tasks([t for n, t in tasks.items() if n != "settler"])
+        self._hand_back(self.intake.drain())
+        if self._jobs:
+            _done, pending = await asyncio.wait(set(self._jobs), timeout=timeout)
             # A cancelled processor may still clean up: re-cancel it only now and then.
             await stop_tasks(pending, every_s=1.0)
-        if not await self.settler.wait_idle(max(5.0, timeout)):
-            _log.warning(
-                "shutting down with settles not sent (Redis unreachable); those jobs stay "
-                "pending and run again elsewhere after their lock expires",
-                extra={"queue": self.name, "unsent": self.settler.pending},
-            )
+        await self._settle_all(max(5.0, timeout))
+        with contextlib.suppress(Exception):
+            await heartbeat.reconcile_pending(self.ctx, self.held)
         self.renewer.stop()
-        await stop_tasks([settle_task])
-        await maintenance.leave_group(self)
+        await stop_tasks([tasks["settler"]])
+        try:
+            await heartbeat.leave_group(self.ctx)
+        except Exception as exc:
+            self.status.error(self.name, exc, task="shutdown")
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-    # -- fetching and dispatch -------------------------------------------------------------
-    def _free(self) -> int:
-        return self.options.concurrency - self.active
-
-    async def _reader(self, shards: list[ShardKeys], fetch_client: Any) -> None:
-        streams = {s.stream: ">" for s in shards}
-        backoff = 0.05
-        while not self.closing:
-            async with self._cond:
-                await self._cond.wait_for(
-                    lambda: self.closing or (not self.buffer and self._free() > 0)
-                )
-            if self.closing:
-                return
-            try:
-                if await self.is_paused():
-                    await asyncio.sleep(0.2)
-                    continue
-                reply = await fetch_client.xreadgroup(
-                    self.group,
-                    self.consumer,
-                    streams,
-                    count=self._free(),
-                    block=self.options.block_timeout_ms,
-                )
-                backoff = 0.05
-            except Exception as exc:
-                if _group_gone(exc):
-                    _log.warning("consumer group missing; recreating", extra={"queue": self.name})
-                    await self._safe(self.ensure_groups())
-                    continue
-                if map_error(exc) is None:
-                    # A reader that dies leaves the worker silently wedged: report, go on.
-                    _log.exception("unexpected error fetching jobs; retrying",
-                                   extra={"queue": self.name})
-                self.hooks.redis_error(self.name, exc)
-                await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
-                # Capped low: after an outage of any length the worker fetches again within
-                # ~3 s of Redis's return (a 5 s cap left it idle up to 7.5 s); a failed
-                # attempt every 2 s costs Redis nothing.
-                backoff = min(backoff * 2, 2.0)
-                continue
-            self._take(reply)
-
-    def _take(self, reply: Any) -> None:
-        if not reply:
+    async def _settle_all(self, timeout_s: float) -> None:
+        if await self.settler.wait_idle(timeout_s):
             return
-        items = reply.items() if isinstance(reply, dict) else reply
-        for stream, entries in items:
-            entries = entries[0] if isinstance(entries, list) and entries and isinstance(
-                entries[0], list
-            ) else entries
-            shard = self._by_stream[stream if isinstance(stream, bytes) else stream.encode()]
-            for eid, fields in entries:
-                sid = eid.decode() if isinstance(eid, bytes) else eid
-                self.held.add(shard.index, sid)
-                self.buffer.append((shard.index, sid, fields))
-        self._notify()
+        left = self.settler.abandon()
+        _log.warning(
+            "shutting down with settles Redis never answered (unreachable); those jobs stay "
+            "pending and run again elsewhere after their lock expires",
+            extra={"queue": self.name, "unsettled": left},
+        )
 
-    def add_reclaimed(self, shard: ShardKeys, entry_id: str, fields: dict[bytes, bytes]) -> bool:
-        """Queue a reclaimed entry; False when this worker already holds it (still running)."""
-        if (shard.index, entry_id) in self.held:
-            return False
-        self.held.add(shard.index, entry_id)
-        self.buffer.append((shard.index, entry_id, fields))
-        self._notify()
-        return True
+    # -- fetching and dispatch -------------------------------------------------------------------
+    def _hold(self, entries: list[Entry]) -> None:
+        for e in entries:
+            self.held.add(e.shard, e.entry_id)
 
-    def _notify(self) -> None:
-        async def wake() -> None:
-            async with self._cond:
-                self._cond.notify_all()
-
-        task = asyncio.get_running_loop().create_task(wake())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _hand_back(self, entries: list[Entry]) -> None:
+        """Release entries this worker will not run (excess of a read, a paused lane)."""
+        for e in entries:
+            self.settler.submit(SettleOp("release", self.shards[e.shard], e.entry_id))
 
     async def _dispatcher(self) -> None:
+        intake = self.intake
         limiter = self.options.limiter
-        while True:
-            async with self._cond:
-                await self._cond.wait_for(
-                    lambda: self.closing or (bool(self.buffer) and self._free() > 0)
-                )
+        while not self.closing:
+            await intake.wait_for(
+                lambda: self.closing or (bool(intake.buffer) and intake.free_slots() > 0)
+            )
             if self.closing:
                 return
             # A read already in flight when the lane was paused can still return entries:
             # hand them back (fenced release) so a paused lane holds nothing.
-            if await self._safe(self.is_paused()):
-                while self.buffer:
-                    idx, eid, _ = self.buffer.popleft()
-                    self.settle(SettleOp("release", self.shards[idx], eid))
+            if await self.pause():
+                self._hand_back(intake.drain())
                 continue
-            n = min(len(self.buffer), self._free())
+            n = min(len(intake.buffer), intake.free_slots())
             if limiter is not None:
-                grant = await self._safe(
-                    run_calls(
-                        self.client,
-                        [ops.limiter(self.keys, max_jobs=limiter.max_jobs,
-                                     window_ms=limiter.duration_ms, want=n)],
-                        queue=self.name,
-                    )
-                )
-                if grant is None:
-                    await asyncio.sleep(0.2)
-                    continue
-                n = grant[0].granted
+                call = ops.limiter(self.keys, max_jobs=limiter.max_jobs,
+                                   window_ms=limiter.duration_ms, want=n)
+                grant = (await run_calls(self.client, [call], queue=self.name))[0]
+                n = grant.granted
+                self.last_grant_denied = n == 0
                 if n == 0:
-                    await asyncio.sleep(max(grant[0].window_left_ms, 1) / 1000)
+                    await asyncio.sleep(max(grant.window_left_ms, 1) / 1000)
                     continue
             for _ in range(n):
-                if not self.buffer or self.closing:
+                entry = intake.take()
+                if entry is None or self.closing:
                     break
-                self._start(*self.buffer.popleft())
+                self._start(entry)
 
-    def _start(
-        self, idx: int, eid: str, fields: dict[bytes, bytes], *, report: bool = True
-    ) -> None:
-        self.active += 1
+    def _start(self, entry: Entry) -> None:
         self.started_total += 1
         self.last_started = time.monotonic()
-        if report:
-            self.hooks.active_changed(self.name, self.active)
-        task = asyncio.get_running_loop().create_task(self._guarded(idx, eid, fields))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.hooks.active_changed(self.name, self.intake.active)
+        task = asyncio.get_running_loop().create_task(self._guarded(entry))
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
 
-    async def _guarded(self, idx: int, eid: str, fields: dict[bytes, bytes]) -> None:
-        shard = self.shards[idx]
+    async def _guarded(self, entry: Entry) -> None:
+        shard = self.shards[entry.shard]
         try:
-            await process_entry(self, shard, eid, fields)
+            await self.runner.run(shard, entry, self._slot_free)
         except asyncio.CancelledError:
-            # Shutdown ran out of time: hand the job back so another worker takes it now.
-            self.settle(SettleOp("release", shard, eid))
             raise
         except Exception:
             _log.exception("unexpected error processing a job", extra={"queue": self.name})
             # Its settle may never come: stop renewing it, so it stalls and is reclaimed
             # (then dead-lettered as stalled) instead of being held here forever.
-            self.held.discard(idx, eid)
-        finally:
-            self.active -= 1
-            if self.buffer and not self.closing and self.options.limiter is None:
-                # The freed slot takes the next buffered entry now: waking the dispatcher
-                # (and the reader, whose wait needs an empty buffer) through the condition
-                # cost two task switches per job. The active count is unchanged: no report.
-                self._start(*self.buffer.popleft(), report=False)
-            else:
-                self.hooks.active_changed(self.name, self.active)
-                async with self._cond:
-                    self._cond.notify_all()
+            self.held.discard(entry.shard, entry.entry_id)
 
-    # -- settles and locks -----------------------------------------------------------------
-    def settle(self, op: SettleOp) -> None:
-        """Submit a settle; when it lands the entry is no longer held (see :meth:`_settled`)."""
-        self.settler.submit(op)
+    def _slot_free(self) -> None:
+        intake = self.intake
+        intake.finished()
+        # The freed slot takes the next buffered entry at once, unless the lane may be paused
+        # (a stale flag goes through the dispatcher, which reads it) or rate-limited.
+        if (intake.buffer and not self.closing and self.options.limiter is None
+                and self.pause.fresh() and not self.pause.value):
+            entry = intake.take()
+            if entry is not None:
+                self._start(entry)
+                return
+        self.hooks.active_changed(self.name, intake.active)
 
-    def _settled(self, op: SettleOp, ok: bool) -> None:
+    # -- settles and locks -----------------------------------------------------------------------
+    def _settled(self, op: SettleOp, status: Status | None) -> None:
+        if status is None:
+            return  # unanswered at shutdown: still pending in Redis, reclaimed elsewhere
         self.held.discard(op.shard.index, op.entry_id)
-        if not ok:
-            self.hooks.lock_lost(self.name, op.shard.name, 1)
-            _log.warning(
-                "lock lost: another worker reclaimed the job; not acknowledged",
-                extra={"queue": self.name, "shard": op.shard.name, "entry_id": op.entry_id},
-            )
+        if status == Status.APPLIED:
+            return
+        self.hooks.lock_lost(self.name, op.shard.name, 1)
+        _log.warning(
+            "lock lost: another worker reclaimed the job; not acknowledged"
+            if status == Status.OTHER_OWNER else
+            "lock lost: the job was settled elsewhere (or deleted) meanwhile; not acknowledged",
+            extra={"queue": self.name, "shard": op.shard.name, "entry_id": op.entry_id,
+                   "settle": op.kind},
+        )
+
+    def _redis_error(self, exc: BaseException) -> None:
+        self.status.error(self.name, exc, task="settler")
 
     def _renew_failed_from_thread(self, exc: BaseException) -> None:
         if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self.hooks.redis_error, self.name, exc)
+            self._loop.call_soon_threadsafe(self._renew_failed, exc)
+
+    def _renew_failed(self, exc: BaseException) -> None:
+        self.status.error(self.name, exc, task="renewer")
 
     def _lost_from_thread(self, idx: int, ids: list[str]) -> None:
-        if self._loop is not None:
+        if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._mark_lost, idx, ids)
 
     def _mark_lost(self, idx: int, ids: list[str]) -> None:
-        lost = set(ids)
-        keep = deque(e for e in self.buffer if not (e[0] == idx and e[1] in lost))
-        dropped = len(self.buffer) - len(keep)
-        self.buffer = keep
-        for eid in ids:
-            job = self.running.get((idx, eid))
-            if job is not None:
-                job._lost = True
-            else:
-                self.held.discard(idx, eid)
+        rest = self.runner.mark_lost(idx, ids)
+        dropped = self.intake.drop(idx, set(rest))
+        for eid in rest:
+            self.held.discard(idx, eid)
         if dropped:
             self.hooks.lock_lost(self.name, self.shards[idx].name, dropped)
 
     def renew_now(self) -> None:
         self.renewer.renew_now()
 
-    def on_dead(self, shard: ShardKeys, job_name: str, reason: str) -> None:
-        self.hooks.job_dead_lettered(self.name, shard.name, job_name, reason)
-
-    # -- helpers ---------------------------------------------------------------------------
-    def server_now_ms(self) -> float:
-        """Now on the Redis server's clock (estimated from the last promote round trip)."""
-        return time.time() * 1000 + self.clock_offset_ms
-
-    def log_failure(self, raw: RawJob, exc: BaseException, *, final: bool) -> None:
-        _log.warning(
-            "job failed; dead-lettering" if final else "job failed; will retry",
-            extra={
-                "queue": self.name,
-                "job_id": raw.id,
-                "job": raw.name,
-                "attempt": raw.attempt,
-                "error_type": type(exc).__name__,
-                "error": scrub_text(
-                    str(exc), secret_values(raw.payload_json, self.contract.secret_fields)
-                )[:500],
-            },
-        )
-
-    async def is_paused(self) -> bool:
-        """Whether the lane is paused (meta hash ``paused``); cached for up to a second."""
-        now = time.monotonic()
-        if now >= self._paused_until:
-            self._paused = bool(await self.client.hget(self.keys.meta, "paused"))
-            self._paused_until = now + (0.2 if self._paused else 1.0)
-        return self._paused
-
-    async def _safe(self, coro: Any) -> Any:
-        """Await ``coro``; a Redis connection error is reported and yields None."""
-        try:
-            return await coro
-        except Exception as exc:
-            if map_error(exc) is None:
-                raise
-            self.hooks.redis_error(self.name, exc)
-            return None
-
+    # -- introspection ---------------------------------------------------------------------------
     def local_idle(self) -> bool:
-        return not self.buffer and self.active == 0 and self.settler.pending == 0 and not len(
-            self.held
-        )
+        return (not self.intake.buffer and self.intake.active == 0
+                and self.settler.pending == 0 and not len(self.held))
 
     def stats(self) -> dict[str, int]:
         return {
-            "active": self.active,
-            "buffered": len(self.buffer),
+            "active": self.intake.active,
+            "buffered": len(self.intake.buffer),
             "held": len(self.held),
             "started": self.started_total,
+            "settling": self.settler.pending,
+            "peak_held": self.intake.peak_held,
         }
+
+    def wedged_for(self, now: float | None = None) -> float:
+        """Seconds this lane has held buffered entries with free slots and started none.
+
+        Zero when it is not stuck that way (nothing buffered, paused, or waiting for rate
+        limit tokens). This catches a wedged dispatcher even when peers drained the queue.
+        """
+        intake = self.intake
+        if (self.closing or not intake.buffer or intake.free_slots() <= 0
+                or self.pause.value or self.last_grant_denied):
+            return 0.0
+        return (now if now is not None else time.monotonic()) - self.last_started
 
     async def wait_stopped(self) -> None:
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*self._service, *self._readers, return_exceptions=True)
+            await asyncio.gather(*self.supervisor.tasks.values(), return_exceptions=True)
