@@ -34,8 +34,10 @@ from streamq import (
     SyncQueue,
     UnknownJob,
     job,
+    ops,
 )
 from streamq import Queue as AsyncQueue
+from streamq._redis import run_calls
 from streamq.envelope import FIELD_NAMES, decode_entry
 from streamq.keys import QueueKeys, shard_index
 from tests.support.redis_server import RedisServer, find_binary, free_port
@@ -102,6 +104,20 @@ def job_ids(entries: list[list[tuple[str, dict[bytes, bytes]]]]) -> list[str]:
 async def server_ms(r: aioredis.Redis) -> int:
     sec, usec = await r.time()
     return int(sec) * 1000 + int(usec) // 1000
+
+
+async def delayed_records(
+    r: aioredis.Redis, prefix: str, shard: int, lane: str = "ingestion", shards: int = 4
+) -> list[tuple[str, int, dict[str, str]]]:
+    """Each delayed record of a shard, soonest first: its member, due score and fields."""
+    sk = QueueKeys(prefix, lane, shards).shards[shard]
+    out = []
+    for member, score in await r.zrange(sk.delayed, 0, -1, withscores=True):
+        stored = json.loads(await r.hget(sk.jobs, member) or b"[]")
+        out.append(
+            (member.decode(), int(score), dict(zip(stored[0::2], stored[1::2], strict=True)))
+        )
+    return out
 
 
 @pytest.fixture
@@ -540,12 +556,10 @@ async def test_delayed_job_waits_in_the_zset_due_by_the_server_clock(
     after = await server_ms(aredis)
     shard = QueueKeys(prefix, "ingestion", 4).shards[2]
     assert await aredis.xlen(shard.stream) == 0
-    due = await aredis.zscore(shard.delayed, job_id)
-    assert due is not None
+    ((member, due, as_map),) = await delayed_records(aredis, prefix, 2)
+    assert member.startswith(f"{job_id}:")  # a record of its own, never the bare id
     assert before + 30_000 <= due <= after + 30_000
-    stored = json.loads(await aredis.hget(shard.jobs, job_id) or b"[]")
-    as_map = dict(zip(stored[0::2], stored[1::2], strict=True))
-    assert int(as_map["due"]) == int(due)
+    assert int(as_map["due"]) == due
     assert as_map["id"] == job_id
     # The envelope's timestamp is the producer's (skewed) clock; only due times are Redis's.
     assert int(as_map["ts"]) < before - 3 * 3600 * 1000 + 60_000
@@ -623,8 +637,9 @@ async def test_add_bulk_mixes_keys_ids_delays_and_dedups_within_the_call(
     entries = await shard_entries(aredis, prefix)
     assert sorted(job_ids(entries)) == sorted([ids[0], "same"])
     assert entries[3][0][1][b"id"].decode() == ids[0]
-    delayed = QueueKeys(prefix, "ingestion", 4).shards[2].delayed
-    assert await aredis.zrange(delayed, 0, -1) == [ids[3].encode()]
+    ((member, _due, fields),) = await delayed_records(aredis, prefix, 2)
+    assert fields["id"] == ids[3]
+    assert member.startswith(f"{ids[3]}:")
 
 
 async def test_add_bulk_splits_batches_by_payload_bytes(
@@ -696,9 +711,84 @@ def test_sync_delay_uses_the_server_clock(sredis: redis.Redis, prefix: str) -> N
     q = SyncQueue(Ingestion, sredis, prefix=prefix)
     sec, usec = sredis.time()
     job_id = q.for_key("a").add(Ingestion.ingest_event, ev(), delay=timedelta(minutes=5))
-    due = sredis.zscore(QueueKeys(prefix, "ingestion", 4).shards[2].delayed, job_id)
-    assert due is not None
+    ((member, due),) = sredis.zrange(
+        QueueKeys(prefix, "ingestion", 4).shards[2].delayed, 0, -1, withscores=True
+    )
+    assert member.decode().startswith(f"{job_id}:")
     assert 0 <= due - (sec * 1000 + usec // 1000 + 300_000) < 5_000
+
+
+async def wait_marker_gone(r: aioredis.Redis, key: str) -> None:
+    deadline = time.monotonic() + 5
+    while await r.exists(key):
+        assert time.monotonic() < deadline, "dedup marker never expired"
+        await asyncio.sleep(0.01)
+
+
+async def promote_all(r: aioredis.Redis, prefix: str, lane: str, shards: int) -> int:
+    """Make every delayed job of the lane due now and promote it, as a worker would."""
+    moved = 0
+    for sk in QueueKeys(prefix, lane, shards).shards:
+        members = await r.zrange(sk.delayed, 0, -1)
+        if members:
+            await r.zadd(sk.delayed, dict.fromkeys(members, 1), xx=True)
+        moved += (await run_calls(r, [ops.promote(sk)]))[0].moved
+    return moved
+
+
+async def test_re_add_after_the_window_while_the_first_is_delayed_is_a_second_job(
+    aredis: aioredis.Redis, prefix: str
+) -> None:
+    q = AsyncQueue(Quick, aredis, prefix=prefix)  # a 50 ms dedup window
+    sk = QueueKeys(prefix, "quick", 1).shards[0]
+    assert await q.add(Quick.ev, ev(1), job_id="late", delay=timedelta(hours=1)) == "late"
+    await wait_marker_gone(aredis, sk.dedup("late"))
+    assert await q.add(Quick.ev, ev(2), job_id="late", delay=timedelta(hours=2)) == "late"
+
+    records = await delayed_records(aredis, prefix, 0, "quick", 1)
+    assert [f["id"] for _m, _due, f in records] == ["late", "late"]
+    assert records[0][0] != records[1][0]
+    assert await promote_all(aredis, prefix, "quick", 1) == 2
+    [entries] = await shard_entries(aredis, prefix, "quick", 1)
+    assert sorted(json.loads(f[b"payload"])["event_id"] for _, f in entries) == ["e1", "e2"]
+    assert {f[b"id"] for _, f in entries} == {b"late"}
+
+
+async def test_delayed_re_add_inside_the_window_is_still_refused(
+    aredis: aioredis.Redis, prefix: str
+) -> None:
+    rec = Recorder()
+    q = AsyncQueue(Ingestion, aredis, prefix=prefix, hooks=rec)
+    for n in (1, 2):
+        assert await q.add(Ingestion.ingest_event, ev(n), job_id="d", delay=60_000) == "d"
+    assert [c[0] for c in rec.calls if c[0] != "context"] == ["enqueued", "duplicate"]
+    shard = shard_index("d", 4)
+    ((_member, _due, fields),) = await delayed_records(aredis, prefix, shard)
+    assert json.loads(fields["payload"])["event_id"] == "e1"  # the first add wins
+
+
+async def test_a_retry_stored_for_a_running_copy_leaves_a_newer_delayed_copy_alone(
+    aredis: aioredis.Redis, prefix: str
+) -> None:
+    q = AsyncQueue(Quick, aredis, prefix=prefix)
+    sk = QueueKeys(prefix, "quick", 1).shards[0]
+    await aredis.xgroup_create(sk.stream, "g", id="0", mkstream=True)
+    await q.add(Quick.ev, ev(1), job_id="run")
+    ((_stream, [(_eid, running)]),) = await aredis.xreadgroup("g", "w", {sk.stream: ">"})
+    await wait_marker_gone(aredis, sk.dedup("run"))
+    await q.add(Quick.ev, ev(2), job_id="run", delay=timedelta(hours=1))
+
+    # The running copy fails and is stored for a retry, as a worker that keys the record by
+    # the bare job id (any member but the producer's would do) would store it.
+    retry = json.loads(json.dumps([x.decode() for kv in running.items() for x in kv]))
+    retry[retry.index("attempt") + 1] = "2"
+    await aredis.zadd(sk.delayed, {"run": 1})
+    await aredis.hset(sk.jobs, "run", json.dumps(retry))
+
+    assert await promote_all(aredis, prefix, "quick", 1) == 2
+    [entries] = await shard_entries(aredis, prefix, "quick", 1)
+    ready = sorted((f[b"attempt"], json.loads(f[b"payload"])["event_id"]) for _, f in entries)
+    assert ready[-2:] == [(b"1", "e2"), (b"2", "e1")]
 
 
 # -- Redis errors ---------------------------------------------------------------------------------

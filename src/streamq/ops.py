@@ -6,6 +6,7 @@ Every function returns a :class:`~streamq._redis.Call`; run a batch of them with
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -27,6 +28,7 @@ __all__ = [
     "SettleStatus",
     "complete",
     "dead_retry",
+    "delayed_member",
     "drop_consumer",
     "enqueue",
     "enqueue_ready",
@@ -48,14 +50,30 @@ def _str_list(reply: Any) -> list[str]:
     return [_str(x) for x in reply or []]
 
 
+def delayed_member(job_id: str) -> str:
+    """A fresh, unique key for one delayed record of ``job_id``: ``<job_id>:<16 hex digits>``.
+
+    The delayed zset member and the jobs hash field of a delayed job. Never the bare job id:
+    a caller-given id can be added again once its dedup window is over, and a retry of a
+    running copy can be stored while a newer copy waits; keyed by the id, the second record
+    would overwrite the first although both were accepted. The envelope keeps the real id.
+    """
+    return f"{job_id}:{os.urandom(8).hex()}"
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueueItem:
-    """One job to enqueue: its id, field values (FIELD_NAMES order), delay and dedup flag."""
+    """One job to enqueue: its id, field values (FIELD_NAMES order), delay and dedup flag.
+
+    ``member`` keys a delayed job's record (see :func:`delayed_member`); when None,
+    :func:`enqueue` draws one. Ready jobs do not use it.
+    """
 
     job_id: str
     values: Sequence[str | bytes]
     delay_ms: int = 0
     dedup: bool = False
+    member: str | None = None
 
 
 def _added(_reply: Any) -> list[bool]:
@@ -77,7 +95,12 @@ def enqueue_ready(shard: ShardKeys, item: EnqueueItem) -> Call:
 
 
 def enqueue(shard: ShardKeys, items: Sequence[EnqueueItem], *, dedup_window_ms: int) -> Call:
-    """Enqueue ``items`` on one shard atomically. Reply: one bool per item (False: duplicate)."""
+    """Enqueue ``items`` on one shard atomically. Reply: one bool per item (False: duplicate).
+
+    A delayed item is stored under its unique ``member`` (drawn here when it has none), so
+    two accepted adds of one job id are two delayed jobs. The call is built once: a re-send
+    of the same call (a lost reply) writes the same members again, not new ones.
+    """
     keys = [shard.stream, shard.delayed, shard.jobs]
     args: list[Any] = [dedup_window_ms, len(FIELD_NAMES), *FIELD_NAMES]
     for it in items:
@@ -90,7 +113,8 @@ def enqueue(shard: ShardKeys, items: Sequence[EnqueueItem], *, dedup_window_ms: 
             )
         if it.dedup:
             keys.append(shard.dedup(it.job_id))
-        args.extend((it.job_id, it.delay_ms, 1 if it.dedup else 0, *it.values))
+        member = "" if it.delay_ms <= 0 else it.member or delayed_member(it.job_id)
+        args.extend((member, it.delay_ms, 1 if it.dedup else 0, *it.values))
     return Call(script("enqueue"), keys, args, lambda r: [bool(x) for x in r])
 
 

@@ -280,7 +280,10 @@ class _Planner:
             values = encode_fields(
                 job_id=jid, name=spec.name, timestamp_ms=int(time.time() * 1000), payload_json=data
             )
-        item = ops.EnqueueItem(jid, values, delay_ms, given_id)
+        # A delayed job is stored under a fresh member, never its id: a re-add of the id after
+        # its dedup window must not overwrite a copy that is still waiting.
+        member = ops.delayed_member(jid) if delay_ms > 0 else None
+        item = ops.EnqueueItem(jid, values, delay_ms, given_id, member)
         return _Prepared(lane, shard, spec, item)
 
     def calls(self, prepared: Sequence[_Prepared]) -> tuple[list[Call], list[list[int]]]:
@@ -473,6 +476,12 @@ class Queue(_BaseQueue[C]):
         With ``job_id``, a second add of the same id within the dedup window adds nothing
         and returns the same id. ``delay`` is a timedelta or ms; the due time is computed
         on the Redis server clock.
+
+        The dedup window (the contract's ``dedup_window_ms``) counts from the add, not from
+        the due time. With a window shorter than the delay, a re-add of the id after the
+        window is accepted as a second job, and both run, even while the first still waits.
+        To make one id one run, give delayed jobs a window of at least the delay plus the
+        expected run time (retries included).
 
         Raises:
             UnknownJob, InvalidPayload, PayloadTooLarge: before anything is sent.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 
 import pytest
 import redis.asyncio as aioredis
@@ -25,10 +26,28 @@ from tests.scripts.helpers import (
     run1,
     server_ms,
     shard,
+    token,
     wait_until,
     xrange,
 )
 from tests.support.redis_server import RedisServer, find_binary
+
+
+async def delayed_records(r, sk) -> list[tuple[str, int, list[str]]]:
+    """Every delayed record of the shard, soonest first: member, due score, stored fields."""
+    out = []
+    for member, score in await r.zrange(sk.delayed, 0, -1, withscores=True):
+        out.append((member.decode(), int(score), json.loads(await r.hget(sk.jobs, member))))
+    assert await r.hlen(sk.jobs) == len(out)  # one hash field per zset member, no orphan
+    return out
+
+
+def job_of(member: str) -> str:
+    """The job id a delayed member was drawn for (``<job_id>:<token>``)."""
+    job_id, sep, token = member.rpartition(":")
+    assert sep, member
+    assert len(token) == 16, member
+    return job_id
 
 
 async def test_immediate_job_is_xadded_with_every_field_name_in_order(aredis, prefix):
@@ -50,11 +69,11 @@ async def test_delayed_job_goes_to_zset_and_hash_with_due_time_from_server_clock
     after = await server_ms(aredis)
 
     assert await aredis.xlen(sk.stream) == 0
-    score = await aredis.zscore(sk.delayed, "d1")
+    ((member, score, stored),) = await delayed_records(aredis, sk)
+    assert job_of(member) == "d1"  # keyed by a token of its own, never the bare id
     assert before + 5_000 <= score <= after + 5_000
-    stored = json.loads(await aredis.hget(sk.jobs, "d1"))
     assert stored[0::2] == list(FIELD_NAMES)
-    assert stored[1] == str(int(score))  # 'due' is the score
+    assert stored[1] == str(score)  # 'due' is the score
     assert stored[3] == "d1"
 
 
@@ -73,11 +92,11 @@ async def test_duplicate_delayed_add_does_not_touch_zset_or_hash(aredis, prefix)
     sk = shard(prefix)
     first = ops.enqueue(sk, [item("d", dedup=True, delay_ms=60_000)], dedup_window_ms=60_000)
     assert await run1(aredis, first) == [True]
-    score = await aredis.zscore(sk.delayed, "d")
+    records = await delayed_records(aredis, sk)
     again = ops.enqueue(sk, [item("d", dedup=True, delay_ms=1_000)], dedup_window_ms=60_000)
     assert await run1(aredis, again) == [False]
 
-    assert await aredis.zscore(sk.delayed, "d") == score
+    assert await delayed_records(aredis, sk) == records
     assert await aredis.xlen(sk.stream) == 0
 
 
@@ -92,6 +111,56 @@ async def test_dedup_marker_expires_after_its_window_and_the_id_can_be_added_aga
     await wait_until(marker_gone, what="dedup marker expiry")
     assert await run1(aredis, call) == [True]
     assert await aredis.xlen(sk.stream) == 2
+
+
+async def test_re_add_after_the_window_while_the_first_copy_waits_keeps_both_delayed_jobs(
+    aredis, prefix
+):
+    sk = shard(prefix)
+    first = ops.enqueue(sk, [item("j", dedup=True, delay_ms=60_000)], dedup_window_ms=30)
+    assert await run1(aredis, first) == [True]
+
+    async def marker_gone() -> bool:
+        return not await aredis.exists(sk.dedup("j"))
+
+    await wait_until(marker_gone, what="dedup marker expiry")
+    second = ops.enqueue(
+        sk, [item("j", dedup=True, delay_ms=90_000, attempt=2)], dedup_window_ms=30
+    )
+    assert await run1(aredis, second) == [True]
+
+    records = await delayed_records(aredis, sk)
+    assert [job_of(m) for m, _due, _f in records] == ["j", "j"]
+    assert records[0][0] != records[1][0]
+    # Each record is the add that wrote it, not the later one written over the first.
+    assert [f[f.index("attempt") + 1] for _m, _due, f in records] == ["1", "2"]
+
+
+async def test_delayed_adds_of_one_id_without_dedup_are_separate_records(aredis, prefix):
+    sk = shard(prefix)
+    call = ops.enqueue(
+        sk, [item("x", delay_ms=5_000), item("x", delay_ms=5_000)], dedup_window_ms=1
+    )
+    assert await run1(aredis, call) == [True, True]
+    assert [job_of(m) for m, _due, _f in await delayed_records(aredis, sk)] == ["x", "x"]
+
+
+async def test_a_given_member_keys_the_record_and_a_re_sent_call_writes_it_once(aredis, prefix):
+    sk = shard(prefix)
+    member = ops.delayed_member("r")
+    call = ops.enqueue(sk, [replace(item("r", delay_ms=5_000), member=member)], dedup_window_ms=1)
+    assert await run1(aredis, call) == [True]
+    assert await run1(aredis, call) == [True]  # the first reply was lost: sent again
+
+    ((stored_member, _due, fields),) = await delayed_records(aredis, sk)
+    assert stored_member == member
+    assert fields[3] == "r"
+
+
+def test_delayed_members_are_the_job_id_and_a_fresh_token() -> None:
+    members = {ops.delayed_member("a:b") for _ in range(1000)}
+    assert len(members) == 1000
+    assert all(m.startswith("a:b:") and job_of(m) == "a:b" for m in members)
 
 
 async def test_bulk_batch_mixes_dedup_plain_and_delayed_jobs_in_one_call(aredis, prefix):
@@ -111,8 +180,7 @@ async def test_bulk_batch_mixes_dedup_plain_and_delayed_jobs_in_one_call(aredis,
     assert reply == [True, True, True, False, True, False, True]
     ids = [e.fields["id"] for e in await xrange(aredis, sk.stream)]
     assert ids == ["old", "a", "b", "b"]
-    assert await aredis.zrange(sk.delayed, 0, -1) == [b"c", b"d"]
-    assert sorted(await aredis.hkeys(sk.jobs)) == [b"c", b"d"]
+    assert sorted(job_of(m) for m, _due, _f in await delayed_records(aredis, sk)) == ["c", "d"]
     for jid in ("a", "c", "old"):
         assert await aredis.exists(sk.dedup(jid))
     for jid in ("b", "d"):
@@ -207,12 +275,14 @@ async def test_enqueue_under_oom_raises_and_writes_nothing_while_workers_keep_dr
     assert await r.hlen(sk.jobs) == 0
 
     # Draining still works: complete (XACK + XDEL) and reclaim (XAUTOCLAIM).
-    assert await run1(r, ops.complete(sk, "g", "w1", [e1.id])) == []
+    applied = [ops.SettleStatus.APPLIED]
+    assert await run1(r, ops.complete(sk, "g", "w1", [e1.id], token=token())) == applied
     assert await r.xlen(sk.stream) == 1
-    page = await run1(r, ops.reclaim(sk, "g", "w2", min_idle_ms=0))
+    reclaim = ops.reclaim(sk, "g", "w2", min_idle_ms=0, count=10, max_stalled_count=5, dead_cap=0)
+    page = await run1(r, reclaim)
     assert [e.entry_id for e in page.entries] == [e2.id]
     assert (await pending(r, sk))[e2.id].consumer == "w2"
-    assert await run1(r, ops.complete(sk, "g", "w2", [e2.id])) == []
+    assert await run1(r, ops.complete(sk, "g", "w2", [e2.id], token=token())) == applied
     assert await r.xlen(sk.stream) == 0
     assert await pending(r, sk) == {}
 

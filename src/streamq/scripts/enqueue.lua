@@ -5,7 +5,10 @@
 -- ARGV[1]  dedup window (ms)
 -- ARGV[2]  F, the number of envelope fields per job
 -- ARGV[3 .. 2+F]  the field names (the first one is 'due')
--- then, per job: job id, delay ms (0 = ready now), has_dedup (0/1), F field values
+-- then, per job: member, delay ms (0 = ready now), has_dedup (0/1), F field values
+--   member: for a delayed job, the unique key of its record (delayed zset member, jobs hash
+--   field), '<job id>:<random>' and never the bare job id, so that two accepted adds of one
+--   id are two jobs; ignored for a ready job. The job id itself is among the field values.
 --
 -- Returns: one integer per job: 1 added, 0 skipped because its dedup marker exists.
 -- Every write of a job happens in this one call: a job is fully enqueued or not at all.
@@ -19,7 +22,7 @@ local out = {}
 local a = 3 + nf
 local k = 4
 while a <= #ARGV do
-  local job_id, delay, has_dedup = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
+  local member, delay, has_dedup = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
   local fields = {}
   for i = 1, nf do
     fields[2 * i - 1] = names[i]
@@ -35,8 +38,8 @@ while a <= #ARGV do
     if delay > 0 then
       now = now or now_ms()
       fields[2] = tostring(now + delay)
-      redis.call('ZADD', delayed, now + delay, job_id)
-      redis.call('HSET', jobs, job_id, cjson.encode(fields))
+      redis.call('ZADD', delayed, now + delay, member)
+      redis.call('HSET', jobs, member, cjson.encode(fields))
     else
       redis.call('XADD', stream, '*', unpack(fields))
     end

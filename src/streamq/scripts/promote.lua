@@ -4,6 +4,10 @@
 -- KEYS[1]  delayed zset    KEYS[2]  jobs hash    KEYS[3]  stream
 -- ARGV[1]  the most jobs to move in this call
 --
+-- A delayed record is keyed by its member (zset member = jobs hash field), a unique token
+-- per record ('<job id>:<random>'), not by the job id: the entry's fields carry the id.
+-- Records keyed by a bare job id (written by older versions) move the same way.
+--
 -- Returns: {moved, next due time in ms or -1 when nothing is delayed, server now in ms}
 local delayed, jobs, stream = KEYS[1], KEYS[2], KEYS[3]
 local now = now_ms()
@@ -11,16 +15,16 @@ local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'WITHSCORES', 'LIM
   tonumber(ARGV[1]))
 local moved = 0
 for i = 1, #due, 2 do
-  local job_id = due[i]
-  local raw = redis.call('HGET', jobs, job_id)
+  local member = due[i]
+  local raw = redis.call('HGET', jobs, member)
   if raw then
     local fields = cjson.decode(raw)
     fields[2] = due[i + 1]
     redis.call('XADD', stream, '*', unpack(fields))
-    redis.call('HDEL', jobs, job_id)
+    redis.call('HDEL', jobs, member)
     moved = moved + 1
   end
-  redis.call('ZREM', delayed, job_id)
+  redis.call('ZREM', delayed, member)
 end
 local nxt = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
 local next_due = -1
