@@ -309,6 +309,59 @@ def test_secondary_lane_on_a_contract_without_one_is_refused(aredis: aioredis.Re
         AsyncQueue(Seven, aredis, secondary_when=lambda spec, p: True)
 
 
+# -- the client kind -------------------------------------------------------------------------------
+
+
+async def test_sync_queue_with_an_asyncio_client_is_refused_at_construction(
+    aredis: aioredis.Redis, prefix: str
+) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        SyncQueue(Ingestion, aredis, prefix=prefix)  # type: ignore[arg-type]
+    message = str(err.value)
+    assert "SyncQueue needs a redis.Redis or redis.RedisCluster client" in message
+    assert "got redis.asyncio.client.Redis; use Queue for this client" in message
+    assert err.value.queue == "ingestion"
+    assert await all_keys(aredis, prefix) == []
+
+
+def test_queue_with_a_sync_client_is_refused_at_construction(
+    sredis: redis.Redis, prefix: str
+) -> None:
+    with pytest.raises(ConfigurationError) as err:
+        AsyncQueue(Ingestion, sredis, prefix=prefix)  # type: ignore[arg-type]
+    message = str(err.value)
+    assert "Queue needs a redis.asyncio.Redis or redis.asyncio.RedisCluster client" in message
+    assert "got redis.client.Redis; use SyncQueue for this client" in message
+    assert list(sredis.scan_iter(match=f"{prefix}:*")) == []
+
+
+@pytest.mark.parametrize("client", [None, "redis://localhost", object()])
+def test_something_that_is_no_redis_client_is_refused(client: object) -> None:
+    for kind in (AsyncQueue, SyncQueue):
+        with pytest.raises(ConfigurationError, match="needs a redis") as err:
+            kind(Ingestion, client)  # type: ignore[arg-type]
+        assert "use " not in str(err.value)
+
+
+async def test_cluster_clients_and_fakeredis_clients_of_the_right_kind_are_accepted() -> None:
+    fakeredis = pytest.importorskip("fakeredis")
+    # Built without __init__: a cluster client connects when constructed; only its kind matters.
+    sync_cluster = redis.RedisCluster.__new__(redis.RedisCluster)
+    async_cluster = aioredis.RedisCluster.__new__(aioredis.RedisCluster)
+    assert SyncQueue(Ingestion, sync_cluster).redis is sync_cluster
+    assert AsyncQueue(Ingestion, async_cluster).redis is async_cluster
+
+    fake = fakeredis.FakeRedis()  # without Lua: a ready add without job_id is a plain XADD
+    SyncQueue(Ingestion, fake, prefix="f").add(Ingestion.ingest_event, ev(), sharding_key="x")
+    assert fake.xlen(QueueKeys("f", "ingestion", 4).for_key("x").stream) == 1
+    fake_async = fakeredis.FakeAsyncRedis()
+    with pytest.raises(ConfigurationError, match="use Queue"):
+        SyncQueue(Ingestion, fake_async)
+    assert AsyncQueue(Ingestion, fake_async).redis is fake_async
+    with pytest.raises(ConfigurationError, match="use SyncQueue"):
+        AsyncQueue(Ingestion, fake)
+
+
 # -- refusals before anything is sent --------------------------------------------------------------
 
 

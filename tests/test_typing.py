@@ -1,4 +1,5 @@
-"""The producer is typed by its contract: mypy refuses another job's payload model."""
+"""The producer is typed by its contract and its client: mypy refuses another job's payload
+model, and a client of the wrong kind (sync for ``Queue``, asyncio for ``SyncQueue``)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,8 @@ async def produce(r: aioredis.Redis, s: redis.Redis) -> None:
     await queue.for_key("k").add(Spec.a, Wrong(y="no"))  # line C
     await queue.add(Spec.a, A(x=1), delay="soon")  # line D
     await queue.add_bulk([JobRequest(Spec.a, Wrong(y="no"))])  # line E
+    Queue(Spec, s)  # line F
+    SyncQueue(Spec, r)  # line G
 """
 
 
@@ -63,7 +66,7 @@ def line_of(source: str, marker: str) -> int:
     return next(i for i, line in enumerate(source.splitlines(), 1) if marker in line)
 
 
-def test_mypy_refuses_another_model_and_accepts_the_jobs_own(
+def test_mypy_refuses_another_model_or_the_wrong_client_kind_and_accepts_the_right_ones(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     good_src = HEADER + textwrap.dedent(GOOD)
@@ -85,3 +88,5 @@ def test_mypy_refuses_another_model_and_accepts_the_jobs_own(
     expected = {line_of(bad_src, f"# line {m}") for m in "ABCD"}
     assert error_lines(out, bad, about='"add" of "(Sync)?Queue"') == expected, out
     assert error_lines(out, bad, about='"JobRequest"') == {line_of(bad_src, "# line E")}, out
+    wrong_client = {line_of(bad_src, f"# line {m}") for m in "FG"}
+    assert error_lines(out, bad, about='Argument 2 to "(Sync)?Queue"') == wrong_client, out

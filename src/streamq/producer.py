@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import random
@@ -20,8 +21,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, Protocol, TypeVar, overload
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, overload
 
+import redis as redis_sync
+import redis.asyncio as redis_async
 from pydantic import BaseModel, ValidationError
 
 from streamq import ops
@@ -43,6 +46,7 @@ __all__ = ["JobRequest", "Queue", "SyncQueue"]
 
 P = TypeVar("P", bound=BaseModel)
 C = TypeVar("C", bound=QueueContract)
+R = TypeVar("R")
 
 DEFAULT_PREFIX = "streamq"
 BULK_BATCH = 500
@@ -333,13 +337,24 @@ class _Planner:
                 self.hooks.enqueue_rejected(p.lane.name, p.spec.name, "redis_error")
 
 
-class _BaseQueue(Generic[C]):
-    """Shared configuration and the parts of the API that do not touch Redis."""
+def _type_name(t: type) -> str:
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+class _BaseQueue(Generic[C, R]):
+    """Shared configuration and the parts of the API that do not touch Redis.
+
+    ``R`` is the client type a subclass takes; ``_clients`` checks it at run time.
+    """
+
+    _clients: ClassVar[tuple[type, ...]]
+    _clients_doc: ClassVar[str]
+    _twin: ClassVar[tuple[tuple[type, ...], str]]
 
     def __init__(
         self,
         contract: type[C],
-        redis: Any,
+        redis: R,
         *,
         prefix: str = DEFAULT_PREFIX,
         secondary_when: SecondaryRule | None = None,
@@ -349,7 +364,6 @@ class _BaseQueue(Generic[C]):
         _sharding_key: str | None = None,
     ) -> None:
         self.contract = contract
-        self.redis = redis
         self._planner = _Planner(
             contract,
             prefix=prefix,
@@ -358,14 +372,26 @@ class _BaseQueue(Generic[C]):
             hooks=hooks,
             max_payload_bytes=max_payload_bytes,
         )
-        self._opts = {
-            "prefix": prefix,
-            "secondary_when": secondary_when,
-            "secondary": secondary,
-            "hooks": hooks,
-            "max_payload_bytes": max_payload_bytes,
-        }
+        # A client of the other kind fails late and badly: an async client in a SyncQueue
+        # returns un-awaited coroutines (nothing written, an id returned), a sync client in a
+        # Queue writes the job and then raises (a retrying caller enqueues it twice).
+        if not isinstance(redis, self._clients):
+            twin_clients, twin = self._twin
+            hint = f"; use {twin} for this client" if isinstance(redis, twin_clients) else ""
+            raise ConfigurationError(
+                f"{type(self).__name__} needs a {self._clients_doc} client, got "
+                f"{_type_name(type(redis))}{hint}",
+                queue=contract.queue_name,
+            )
+        self.redis: R = redis
         self._bound_key = _sharding_key
+
+    def _view(self, sharding_key: str) -> Self:
+        """A copy bound to ``sharding_key``'s shard, sharing this queue's planner (its
+        settings, keys and shard spread) instead of building another."""
+        view = copy.copy(self)
+        view._bound_key = sharding_key
+        return view
 
     @property
     def name(self) -> str:
@@ -422,12 +448,13 @@ class _BaseQueue(Generic[C]):
         return batches
 
 
-class Queue(_BaseQueue[C]):
+class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
     """An asyncio producer typed by its contract.
 
     Args:
         contract: the ``QueueContract`` subclass.
-        redis: a ``redis.asyncio.Redis`` or ``RedisCluster`` client (streamq never builds one).
+        redis: a ``redis.asyncio.Redis`` or ``RedisCluster`` client (streamq never builds one);
+            a synchronous client raises ``ConfigurationError`` (use :class:`SyncQueue`).
         prefix: key prefix shared with the workers.
         secondary_when: a rule ``(job_spec, payload) -> bool`` sending matching jobs to the
             contract's secondary lane (noisy tenants).
@@ -436,9 +463,13 @@ class Queue(_BaseQueue[C]):
         max_payload_bytes: override the contract's payload size limit.
     """
 
+    _clients = (redis_async.Redis, redis_async.RedisCluster)
+    _clients_doc = "redis.asyncio.Redis or redis.asyncio.RedisCluster"
+    _twin = ((redis_sync.Redis, redis_sync.RedisCluster), "SyncQueue")
+
     def for_key(self, sharding_key: str) -> Queue[C]:
         """A view of this queue whose adds all go to ``sharding_key``'s shard."""
-        return Queue(self.contract, self.redis, **self._opts, _sharding_key=sharding_key)  # type: ignore[arg-type]
+        return self._view(sharding_key)
 
     @overload
     async def add(
@@ -519,15 +550,20 @@ class Queue(_BaseQueue[C]):
         return self._planner.finish(prepared, order, replies)
 
 
-class SyncQueue(_BaseQueue[C]):
+class SyncQueue(_BaseQueue[C, redis_sync.Redis | redis_sync.RedisCluster]):
     """The synchronous twin of :class:`Queue` for sync web apps (Django, Flask).
 
-    Takes a ``redis.Redis`` or ``redis.RedisCluster`` client; same arguments otherwise.
+    Takes a ``redis.Redis`` or ``redis.RedisCluster`` client (an asyncio client raises
+    ``ConfigurationError``: use :class:`Queue`); same arguments otherwise.
     """
+
+    _clients = (redis_sync.Redis, redis_sync.RedisCluster)
+    _clients_doc = "redis.Redis or redis.RedisCluster"
+    _twin = ((redis_async.Redis, redis_async.RedisCluster), "Queue")
 
     def for_key(self, sharding_key: str) -> SyncQueue[C]:
         """A view of this queue whose adds all go to ``sharding_key``'s shard."""
-        return SyncQueue(self.contract, self.redis, **self._opts, _sharding_key=sharding_key)  # type: ignore[arg-type]
+        return self._view(sharding_key)
 
     @overload
     def add(
