@@ -77,10 +77,14 @@ class App:
         (``Ingestion.ingest_event``). Keyword options are :class:`WorkerOptions` fields and
         apply to the whole queue; give them once per queue.
 
+        The processor is called with the job only: ``fn(job)``.
+
         Raises:
-            RegistrationError: the job is not declared by the contract, the function's
-                ``Job[...]`` annotation does not match the payload type, the job or queue
-                already has a processor, or options are given twice for one queue.
+            RegistrationError: the job is not declared by the contract; the decorated object
+                is not callable, is a generator function (sync or async), or has required
+                parameters besides the job; its ``Job[...]`` annotation does not match the
+                payload type; the job or queue already has a processor; or options are given
+                twice for one queue.
         """
         if isinstance(target, JobSpec):
             if target.queue is None or target.queue.jobs.get(target.name) is not target:
@@ -101,6 +105,7 @@ class App:
         opts = WorkerOptions().merged(**options) if options else WorkerOptions()
 
         def decorate(fn: F) -> F:
+            _check_signature(fn, contract, job_name)
             _check_annotation(fn, contract, job_name, models)
             reg = self.registrations.get(contract.queue_name)
             if reg is None:
@@ -144,6 +149,48 @@ class App:
     def lane_names(self) -> list[str]:
         """Every lane that has a processor, primary and secondary."""
         return [lane.name for r in self.registrations.values() for lane in r.contract.lanes()]
+
+
+def _check_signature(fn: object, contract: type[QueueContract], job_name: str | None) -> None:
+    """Refuse what cannot run as ``fn(job)``, at decoration instead of on the first job.
+
+    A generator function would return a generator that nobody iterates: the job would
+    "complete" without its body ever running.
+    """
+    queue = contract.queue_name
+    where = f"job {job_name!r} of queue {queue!r}" if job_name else f"queue {queue!r}"
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+
+    def refuse(why: str) -> RegistrationError:
+        return RegistrationError(
+            f"@app.processor for {where}: {name} {why}", queue=queue, job=job_name
+        )
+
+    if not callable(fn):
+        raise refuse("is not callable (decorate a function: def process(job): ...)")
+    # A function, a method or a partial of one; or an object whose class defines __call__.
+    calls = (fn, getattr(type(fn), "__call__", None))  # noqa: B004
+    if any(inspect.isasyncgenfunction(c) for c in calls):
+        raise refuse("is an async generator function; a processor returns, it does not yield")
+    if any(inspect.isgeneratorfunction(c) for c in calls):
+        raise refuse("is a generator function; a processor returns, it does not yield")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return  # no signature to read (some builtins): it is called with the job all the same
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if not positional and not any(p.kind is p.VAR_POSITIONAL for p in params):
+        raise refuse("must take the job as its first positional parameter")
+    extra = [
+        p.name
+        for p in positional[1:] + [p for p in params if p.kind is p.KEYWORD_ONLY]
+        if p.default is p.empty
+    ]
+    if extra:
+        raise refuse(
+            f"has required parameters besides the job ({', '.join(extra)}); it is called "
+            "with the job only: give them defaults, or bind them with functools.partial"
+        )
 
 
 def _payload_type(fn: Callable[..., Any]) -> Any:
