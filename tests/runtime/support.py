@@ -123,3 +123,11 @@ class RecordingHooks(Hooks):
     def redis_error(self, queue: str | None, error: BaseException) -> None:
         with self._lock:
             self.counts["redis_error"] += 1
+
+    def task_crashed(self, queue: str | None, task: str) -> None:
+        with self._lock:
+            self.counts[f"crashed:{task}"] += 1
+
+    def outcomes(self) -> Counter[str]:
+        with self._lock:
+            return Counter(o for _, o, _ in self.finished)

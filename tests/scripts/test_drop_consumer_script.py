@@ -13,7 +13,7 @@ async def _consumers(r, sk) -> dict[str, int]:
 async def test_consumer_with_nothing_pending_is_removed(aredis, prefix):
     sk = shard(prefix)
     (e,) = await delivered(aredis, sk, "w1", "j1")
-    await run1(aredis, ops.complete(sk, GROUP, "w1", [e.id]))
+    await run1(aredis, ops.complete(sk, GROUP, "w1", [e.id], token="t1"))
     await aredis.xgroup_createconsumer(sk.stream, GROUP, "w2")  # w2 never got anything
     assert await _consumers(aredis, sk) == {"w1": 0, "w2": 0}
 
@@ -25,7 +25,7 @@ async def test_consumer_with_nothing_pending_is_removed(aredis, prefix):
 async def test_consumer_with_pending_entries_is_refused_and_keeps_them(aredis, prefix):
     sk = shard(prefix)
     a, _b = await delivered(aredis, sk, "w1", "a", "b")
-    await run1(aredis, ops.complete(sk, GROUP, "w1", [a.id]))
+    await run1(aredis, ops.complete(sk, GROUP, "w1", [a.id], token="t2"))
 
     assert await run1(aredis, ops.drop_consumer(sk, GROUP, "w1")) is False
     assert await _consumers(aredis, sk) == {"w1": 1}

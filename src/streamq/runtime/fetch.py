@@ -97,9 +97,10 @@ class Intake:
         """The next entry to start, counted as running."""
         if not self.buffer or self.active >= self.concurrency:
             return None
+        entry = self.buffer.popleft()
         self.active += 1
         self._note()
-        return self.buffer.popleft()
+        return entry
 
     def drain(self) -> list[Entry]:
         """Every buffered entry (to hand back)."""
