@@ -170,7 +170,10 @@ async def test_add_returns_the_id_and_writes_one_entry_on_the_keys_shard(
     assert (env.id, env.name, env.attempt, env.payload) == (job_id, "ingest-event", 1, ev(7))
     assert fields[b"due"] == b""
     assert before <= env.timestamp <= int(time.time() * 1000)
-    assert await all_keys(aredis, prefix) == [f"{prefix}:{{ingestion:3}}:stream"]
+    assert await all_keys(aredis, prefix) == [
+        f"{prefix}:{{ingestion:3}}:stream",
+        f"{prefix}:{{ingestion}}:meta",  # the contract record, written by the first send
+    ]
 
 
 async def test_sharding_key_argument_matches_for_key(

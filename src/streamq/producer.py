@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import os
 import random
 import time
@@ -39,6 +40,7 @@ from streamq.errors import (
     RedisUnavailable,
     UnknownJob,
 )
+from streamq.fingerprint import record_contract, record_contract_sync
 from streamq.hooks import Hooks
 from streamq.keys import QueueKeys, ShardKeys
 
@@ -47,6 +49,8 @@ __all__ = ["JobRequest", "Queue", "SyncQueue"]
 P = TypeVar("P", bound=BaseModel)
 C = TypeVar("C", bound=QueueContract)
 R = TypeVar("R")
+
+_log = logging.getLogger("streamq.producer")
 
 DEFAULT_PREFIX = "streamq"
 BULK_BATCH = 500
@@ -157,9 +161,36 @@ class _Planner:
         # Start the round-robin at a random shard: many short-lived producers (one Queue per
         # request or per process) would otherwise all write their first job to shard 0.
         self._spread = itertools.count(random.randrange(1 << 30))
+        # Lanes whose meta hash this producer (with the for_key() views sharing this planner)
+        # has recorded the contract in: once per lane, on the first successful send there.
+        self._recorded: set[str] = set()
 
     def keys(self, lane: Lane) -> QueueKeys:
         return self._keys[lane.name]
+
+    def to_record(self, prepared: Sequence[_Prepared]) -> list[QueueKeys]:
+        """The lanes of ``prepared`` whose contract record is still to write, marked as
+        written at once so that concurrent sends do not write it again."""
+        if len(self._recorded) == len(self._keys):
+            return []
+        todo = {p.lane.name for p in prepared} - self._recorded
+        self._recorded |= todo
+        return [self._keys[name] for name in todo]
+
+    def record_failed(self, qkeys: QueueKeys, exc: Exception) -> None:
+        """The contract record of a lane could not be written. The jobs were enqueued, so the
+        add must not fail for it: an unreachable Redis is tried again on a later send, any
+        other refusal (an ACL without HSET on the meta key) is logged once and given up, so
+        it never costs every add an extra call."""
+        if isinstance(exc, RedisUnavailable):
+            self._recorded.discard(qkeys.queue)
+            return
+        _log.warning(
+            "queue %r: could not record the contract fingerprint in %s: %s",
+            qkeys.queue,
+            qkeys.meta,
+            exc,
+        )
 
     def spec(self, job: JobSpec[Any] | str) -> JobSpec[Any]:
         name = job if isinstance(job, str) else job.name
@@ -387,8 +418,8 @@ class _BaseQueue(Generic[C, R]):
         self._bound_key = _sharding_key
 
     def _view(self, sharding_key: str) -> Self:
-        """A copy bound to ``sharding_key``'s shard, sharing this queue's planner (its
-        settings, keys and shard spread) instead of building another."""
+        """A copy bound to ``sharding_key``'s shard, sharing this queue's planner (and so its
+        settings and its record of which lanes hold the contract fingerprint)."""
         view = copy.copy(self)
         view._bound_key = sharding_key
         return view
@@ -461,6 +492,10 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
         secondary: write to the secondary lane by default.
         hooks: instrumentation (metrics, tracing).
         max_payload_bytes: override the contract's payload size limit.
+
+    The first successful send to each lane also records the contract's fingerprint in the
+    lane's meta hash (one extra call, once per ``Queue`` and its ``for_key`` views); see
+    :mod:`streamq.fingerprint`.
     """
 
     _clients = (redis_async.Redis, redis_async.RedisCluster)
@@ -547,7 +582,13 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
         except Exception as exc:
             self._planner.failed(prepared, exc)
             raise
-        return self._planner.finish(prepared, order, replies)
+        ids = self._planner.finish(prepared, order, replies)
+        for qkeys in self._planner.to_record(prepared):
+            try:
+                await record_contract(self.redis, qkeys, self.contract)
+            except Exception as exc:
+                self._planner.record_failed(qkeys, exc)
+        return ids
 
 
 class SyncQueue(_BaseQueue[C, redis_sync.Redis | redis_sync.RedisCluster]):
@@ -614,4 +655,10 @@ class SyncQueue(_BaseQueue[C, redis_sync.Redis | redis_sync.RedisCluster]):
         except Exception as exc:
             self._planner.failed(prepared, exc)
             raise
-        return self._planner.finish(prepared, order, replies)
+        ids = self._planner.finish(prepared, order, replies)
+        for qkeys in self._planner.to_record(prepared):
+            try:
+                record_contract_sync(self.redis, qkeys, self.contract)
+            except Exception as exc:
+                self._planner.record_failed(qkeys, exc)
+        return ids
