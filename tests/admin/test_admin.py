@@ -90,14 +90,14 @@ async def test_pause_stops_a_running_worker_from_starting_jobs_and_resume_contin
         assert await admin.is_paused()
         worker = h.manager.get_worker("adm")
         assert worker is not None
-        await wait_for(lambda: _is(worker._paused), what="the worker to see the pause")
+        await wait_for(lambda: _is(worker.pause.value), what="the worker to see the pause")
         for n in range(2, 7):
             await q.add(Adm.task, Task(n=n))
         # The worker re-reads the flag every 0.2 s while paused: let it do so three times.
-        checks: set[float] = {worker._paused_until}
+        checks: set[float] = {worker.pause._until}
 
         async def checked_thrice() -> bool:
-            checks.add(worker._paused_until)
+            checks.add(worker.pause._until)
             return len(checks) > 3
 
         await wait_for(checked_thrice, what="three pause checks")

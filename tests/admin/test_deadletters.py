@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -108,7 +109,7 @@ async def raw_dead(r: Any, sk: ShardKeys, job_id: str, *, reason: str = "permane
     flat: list[Any] = [x for kv in fields.items() for x in kv] + extra
     (ok,) = await run_calls(
         r, [ops.fail(sk, GROUP, "c1", entry_id=entry_id.decode(), dead_fields=flat, dead_cap=0,
-                          token="t-fail")]
+                          token=os.urandom(8).hex())]
     )
     assert ok
     (newest,) = await r.xrevrange(sk.dead, count=1)
