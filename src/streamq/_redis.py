@@ -90,6 +90,8 @@ def refusal_code(exc: BaseException) -> str | None:
     keeps the code of the command that failed inside it (``"NOREPLICAS Not enough good
     replicas ... script: ..."``), or wraps it (``"ERR Error running script ... NOPERM ..."``).
     """
+    if isinstance(exc, StreamqError) and exc.__cause__ is not None:
+        return refusal_code(exc.__cause__)  # a mapped error: read the original
     code = _REDIS_PY_CODES.get(type(exc).__name__)
     if code is not None:
         return code
