@@ -518,3 +518,41 @@ async def test_register_accepts_a_plain_function_and_refuses_a_non_callable(
     async with m:
         await m.run_until_idle(5)
     assert sorted(ran) == [0, 1]
+
+
+# -- item 10: the contract fingerprint at worker start -----------------------------------------
+class UnitV2(BaseModel):
+    n: int
+    tenant: str  # required: jobs written by the old contract do not carry it
+
+
+class NarrowV2(QueueContract, name="rt-narrow"):
+    unit = job("unit", UnitV2)
+
+
+async def test_a_worker_refuses_a_contract_incompatible_with_the_one_recorded_in_redis(
+    managers: MakeManager, aredis: aioredis.Redis, prefix: str, caplog: Any
+) -> None:
+    from streamq import IncompatibleContract
+    from streamq.fingerprint import FINGERPRINT_FIELD, fingerprint
+
+    await _fill(aredis, prefix, Narrow, 1)  # the producer records the old contract
+    meta = keys(prefix, "rt-narrow").meta
+    assert (await aredis.hget(meta, FINGERPRINT_FIELD)).decode() == fingerprint(Narrow)
+
+    app = App([NarrowV2])
+
+    @app.processor(NarrowV2)
+    async def proc(job: Job[UnitV2]) -> None: ...
+
+    with pytest.raises(IncompatibleContract) as err:
+        await managers(app).start()
+    assert "tenant" in str(err.value)
+    assert await aredis.xlen(keys(prefix, "rt-narrow").shards[0].stream) == 1  # untouched
+
+    with caplog.at_level(logging.ERROR, logger="streamq.worker"):
+        m = managers(app, refuse_incompatible_contract=False)
+        await m.start()
+    assert any("incompatible" in r.getMessage() for r in caplog.records)
+    # Started, and its own contract is the recorded one now.
+    assert (await aredis.hget(meta, FINGERPRINT_FIELD)).decode() == fingerprint(NarrowV2)
