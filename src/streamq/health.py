@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from streamq._redis import map_error
 from streamq.hooks import Hooks
 from streamq.runtime.worker import stop_tasks
 
@@ -248,7 +249,12 @@ class Monitor:
             raise
         except Exception as exc:
             self.health.failed(exc)
-            _log.debug("depth poll failed", extra={"error": repr(exc)})
+            if map_error(exc) is None:
+                # Not Redis: a bug. Say so loudly; the loop goes on polling.
+                self.hooks.task_crashed(None, "depth-poller")
+                _log.error("depth poll failed", exc_info=exc)
+            else:
+                _log.debug("depth poll failed", extra={"error": repr(exc)})
         finally:
             self.polls += 1
 
