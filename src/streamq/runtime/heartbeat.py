@@ -56,9 +56,9 @@ class Heartbeat:
         self.beats += 1
         gone = {k.decode() for k, v in beats.items() if now_ms - int(v) > self.stale_after_ms}
         await self.drop_gone(gone, beats)
-        if self.beats % 10 == 0:
-            # A group added after start would lose jobs to our XDEL: keep checking.
-            await check_foreign_groups(ctx)
+        # A group added after start would lose jobs to our XDEL: keep checking (one XINFO
+        # GROUPS per shard per stalled interval).
+        await check_foreign_groups(ctx)
 
     async def drop_gone(self, gone: set[str], beats: dict[bytes, bytes] | None = None, *,
                         stale_after_ms: int | None = None) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from streamq._redis import map_error, refusal_code
-from streamq.errors import RedisOutOfMemory, RedisRefused, RedisUnavailable
+from streamq.errors import ConfigurationError, RedisOutOfMemory, RedisRefused, RedisUnavailable
 from streamq.hooks import Hooks
 
 __all__ = ["RedisStatus", "Supervisor"]
@@ -77,6 +77,15 @@ class RedisStatus:
                 _what_to_fix(code),
                 extra={"queue": queue, "task": task, "error": message},
             )
+        self.refusal = message
+        self.refused_at = self.clock()
+
+    def misconfigured(self, queue: str | None, task: str, exc: BaseException) -> None:
+        """A setup problem found while running; logged at ERROR, and health fails."""
+        message = str(exc)[:500]
+        if message != self.refusal:
+            _log.error("the worker found a configuration problem: %s", message,
+                       extra={"queue": queue, "task": task})
         self.refusal = message
         self.refused_at = self.clock()
 
@@ -149,6 +158,11 @@ class Supervisor:
             delay = min(delay * 2, MAX_BACKOFF_S)
 
     def _report(self, name: str, exc: Exception) -> None:
+        if isinstance(exc, ConfigurationError):
+            # Found while running (a consumer group added beside ours): nothing a restart
+            # fixes; health fails until it is.
+            self.status.misconfigured(self.queue, name, exc)
+            return
         mapped = map_error(exc, queue=self.queue)
         if isinstance(mapped, RedisUnavailable | RedisOutOfMemory | RedisRefused):
             self.status.error(self.queue, exc, task=name)
