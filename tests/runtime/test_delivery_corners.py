@@ -556,3 +556,25 @@ async def test_a_worker_refuses_a_contract_incompatible_with_the_one_recorded_in
     assert any("incompatible" in r.getMessage() for r in caplog.records)
     # Started, and its own contract is the recorded one now.
     assert (await aredis.hget(meta, FINGERPRINT_FIELD)).decode() == fingerprint(NarrowV2)
+
+
+async def test_a_consumer_group_added_while_running_fails_health(
+    managers: MakeManager, aredis: aioredis.Redis, prefix: str
+) -> None:
+    from streamq.health import Monitor, RedisHealth
+
+    app = App([Narrow])
+
+    @app.processor(Narrow, stalled_interval=0.05, block_timeout=0.1)
+    async def proc(job: Job[Unit]) -> None: ...
+
+    m = managers(app)
+    await m.start()
+    sk = keys(prefix, "rt-narrow").shards[0]
+    await aredis.xgroup_create(sk.stream, "analytics", id="0")
+    await wait_until(lambda: m.redis_status.refusal is not None, what="the group noticed")
+    mon = Monitor(m, RedisHealth(), RedisHealth(), interval_s=1, redis_timeout_s=5,
+                  wedge_timeout_s=5)
+    ok, detail = mon.liveness()
+    assert not ok
+    assert any("analytics" in p for p in detail["problems"]), detail
