@@ -22,6 +22,7 @@ from typing import Any, Literal, cast
 from streamq.app import App
 from streamq.errors import ConfigurationError
 from streamq.options import Limiter
+from worker.redis_url import check_redis_url
 
 __all__ = [
     "QUEUE_OPTIONS",
@@ -295,8 +296,8 @@ def parse_settings(env: Mapping[str, str], *, lanes: Iterable[str]) -> Settings:
     app = r.get("WORKER_APP", str.strip, None)
     if app is None and "WORKER_APP" not in env:
         r.problems.append(("WORKER_APP", "is required, e.g. WORKER_APP=myapp.worker:app"))
-    redis_url = r.get("REDIS_URL", str.strip, None)
     cluster = r.get("REDIS_CLUSTER", parse_bool, False)
+    redis_url = r.get("REDIS_URL", lambda v: check_redis_url(v, cluster=cluster), None)
     if cluster and redis_url is None and "REDIS_URL" not in env:
         r.problems.append(("REDIS_CLUSTER", "needs REDIS_URL (the embedded Redis is one node)"))
     queues, overrides = _queue_variables(env, lanes, r)

@@ -37,6 +37,34 @@ def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
         time.sleep(0.02)
 
 
+def run_worker(env: Mapping[str, str], *args: str, timeout_s: float = 60.0,
+               cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m worker *args`` to completion; stdout and stderr captured as text."""
+    return subprocess.run([sys.executable, "-m", "worker", *args], cwd=cwd, env=dict(env),
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def run_workers(envs: Mapping[str, Mapping[str, str]], *, timeout_s: float = 60.0,
+                ) -> dict[str, subprocess.CompletedProcess[str]]:
+    """Run one ``python -m worker`` per named environment, all at once; each to completion."""
+    procs = {
+        name: subprocess.Popen([sys.executable, "-m", "worker"], cwd=ROOT, env=dict(env),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, env in envs.items()
+    }
+    done = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=timeout_s)
+        done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return done
+
+
+def last_line(text: str) -> str:
+    """The last non-blank line of ``text``."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 class WorkerProcess:
     """``python -m worker`` with ``env``; stderr (the logs) goes to ``log_path``."""
 

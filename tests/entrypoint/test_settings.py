@@ -79,7 +79,7 @@ def test_defaults_when_only_a_flag_is_given() -> None:
 def test_every_global_variable_is_parsed() -> None:
     s = parse_settings(
         env(
-            REDIS_URL="redis://db:6379/1",
+            REDIS_URL="redis://db:6379/0",  # a cluster has only database 0
             REDIS_PREFIX="acme",
             REDIS_CLUSTER="yes",
             WORKER_GROUP="ingest",
@@ -95,7 +95,7 @@ def test_every_global_variable_is_parsed() -> None:
         ),
         lanes=LANES,
     )
-    assert s.redis_url == "redis://db:6379/1"
+    assert s.redis_url == "redis://db:6379/0"
     assert (s.redis_prefix, s.redis_cluster, s.worker_group) == ("acme", True, "ingest")
     assert (s.log_format, s.log_level) == ("json", "DEBUG")
     assert (s.metrics_port, s.metrics_host) == (9100, "127.0.0.1")
