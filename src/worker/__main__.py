@@ -37,7 +37,13 @@ from streamq.errors import (
 from streamq.observe import ObservabilityConfig, build_hooks, start
 from streamq.runtime.manager import WorkerManager
 from worker.logs import configure_logging
-from worker.settings import Settings, SettingsError, load_settings, worker_overrides
+from worker.settings import (
+    AppImportError,
+    Settings,
+    SettingsError,
+    load_settings,
+    worker_overrides,
+)
 
 __all__ = ["main", "run"]
 
@@ -151,6 +157,8 @@ def main(env: Mapping[str, str] | None = None) -> int:
     try:
         settings, app = load_settings(env)
     except SettingsError as exc:
+        if isinstance(exc, AppImportError):
+            print(exc.user_traceback(), file=sys.stderr)
         print(f"python -m worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(settings.log_format, settings.log_level)

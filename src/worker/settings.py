@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from worker.redis_url import check_redis_url
 
 __all__ = [
     "QUEUE_OPTIONS",
+    "AppImportError",
     "QueueOverrides",
     "Settings",
     "SettingsError",
@@ -339,20 +341,63 @@ def parse_settings(env: Mapping[str, str], *, lanes: Iterable[str]) -> Settings:
     return settings
 
 
+class AppImportError(SettingsError):
+    """Raised when importing the app's module raised (anything but the module being absent).
+
+    Attributes:
+        error: the exception the user's code raised; :meth:`user_traceback` shows where.
+    """
+
+    def __init__(self, ref: str, error: BaseException) -> None:
+        self.error = error
+        what = " ".join(str(error).split()) or "(no message)"
+        super().__init__([(
+            "WORKER_APP",
+            f"cannot load {ref}: importing it raised {type(error).__name__}: {what}",
+        )])
+
+    def user_traceback(self) -> str:
+        """The traceback from the user's module on (importlib's and this module's frames
+        left out)."""
+        frames = [
+            f for f in traceback.extract_tb(self.error.__traceback__)
+            if not f.filename.startswith(("<frozen ", _IMPORTLIB)) and f.filename != __file__
+        ]
+        lines = traceback.format_list(frames)
+        if lines:
+            lines.insert(0, "Traceback (most recent call last):\n")
+        lines.extend(traceback.format_exception_only(type(self.error), self.error))
+        return "".join(lines)
+
+
+_IMPORTLIB = str(Path(importlib.__file__).parent)
+
+
+def _is_module_or_parent(missing: str, module_name: str) -> bool:
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
 def load_app(ref: str) -> App:
     """Import ``package.module:attribute`` and return the :class:`~streamq.app.App` it names.
 
     Raises:
-        SettingsError: the reference is malformed, the module cannot be imported, or the
+        SettingsError: the reference is malformed, the module does not exist, or the
             attribute is missing or not an ``App``.
+        AppImportError: importing the module raised (a ``SettingsError`` too).
     """
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
         raise SettingsError([("WORKER_APP", f"expected package.module:attribute, got {ref!r}")])
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not _is_module_or_parent(exc.name, module_name):
+            raise AppImportError(ref, exc) from exc
         raise SettingsError([("WORKER_APP", f"cannot import {module_name!r}: {exc}")]) from exc
+    except Exception as exc:
+        # The user's module failed while it ran: a SyntaxError, a RegistrationError from a
+        # decorator, a missing setting of their own... all of it is the app's to fix.
+        raise AppImportError(ref, exc) from exc
     obj: Any = module
     for part in attr.split("."):
         try:
@@ -361,6 +406,8 @@ def load_app(ref: str) -> App:
             raise SettingsError(
                 [("WORKER_APP", f"module {module_name!r} has no attribute {attr!r}")]
             ) from None
+        except Exception as exc:  # a module-level __getattr__ that raised
+            raise AppImportError(ref, exc) from exc
     if not isinstance(obj, App):
         raise SettingsError(
             [("WORKER_APP", f"{ref} is a {type(obj).__name__}, not a streamq App")]
