@@ -8,14 +8,19 @@ touches a single cluster slot and a shard can live on any Redis Cluster node. Qu
 key                                          type    holds
 ===========================================  ======  =================================
 ``<prefix>:{<queue>:<shard>}:stream``        stream  jobs ready or in flight
-``<prefix>:{<queue>:<shard>}:delayed``       zset    job id -> due time (ms)
-``<prefix>:{<queue>:<shard>}:jobs``          hash    job id -> encoded delayed/retrying job
+``<prefix>:{<queue>:<shard>}:delayed``       zset    record key -> due time (ms)
+``<prefix>:{<queue>:<shard>}:jobs``          hash    record key -> encoded delayed/retrying job
 ``<prefix>:{<queue>:<shard>}:dedup:<id>``    string  dedup marker for a caller-given id (TTL)
 ``<prefix>:{<queue>:<shard>}:dead``          stream  dead letters (capped)
+``<prefix>:{<queue>:<shard>}:starts``        hash    entry id -> runs started, never settled
+``<prefix>:{<queue>:<shard>}:settled:<t>``   string  a settle call's reply, for re-sends (TTL)
 ``<prefix>:{<queue>}:meta``                  hash    paused flag, contract fingerprint
 ``<prefix>:{<queue>}:limiter``               hash    global rate-limit window (TTL)
 ``<prefix>:{<queue>}:workers``               hash    consumer name -> last heartbeat (ms)
 ===========================================  ======  =================================
+
+A delayed record's key is ``<job id>:<random>`` (an add) or ``<job id>:<entry id>`` (a
+retry), never the bare job id: two accepted copies of one id never overwrite each other.
 """
 
 from __future__ import annotations
