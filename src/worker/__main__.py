@@ -7,10 +7,11 @@ Example::
     python -m worker
 
 Every variable is parsed and checked before anything connects; a bad one exits with code 2
-and a message naming it. SIGTERM or SIGINT shuts down gracefully (running jobs finish up to
-their queue's shutdown timeout, the rest are handed back) and exits 0; a second signal stops
-at once. Without ``REDIS_URL`` an embedded Redis is started (or reused) for local use. See
-``docs/configuration.md`` for every variable.
+and a message naming it, and so does an app that fails to import or a configuration Redis
+refuses at start (see :mod:`worker.failures`). SIGTERM or SIGINT shuts down gracefully
+(running jobs finish up to their queue's shutdown timeout, the rest are handed back) and
+exits 0; a second signal stops at once (exit 1). Without ``REDIS_URL`` an embedded Redis is
+started (or reused) for local use. See ``docs/configuration.md`` for every variable.
 """
 
 from __future__ import annotations
@@ -23,19 +24,12 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping
-from urllib.parse import urlsplit
-
-import redis
 
 from streamq.app import App
-from streamq.errors import (
-    ConfigurationError,
-    RedisUnavailable,
-    StreamqError,
-    UnsafeRedisConfig,
-)
-from streamq.observe import ObservabilityConfig, build_hooks, start
+from streamq.errors import ConfigurationError
+from streamq.observe import ObservabilityConfig, ObservabilityServer, build_hooks, start
 from streamq.runtime.manager import WorkerManager
+from worker.failures import EXIT_FAILED, EXIT_OK, EXIT_USAGE, explain
 from worker.logs import configure_logging
 from worker.settings import (
     AppImportError,
@@ -46,10 +40,6 @@ from worker.settings import (
 )
 
 __all__ = ["main", "run"]
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 
 _log = logging.getLogger("streamq.worker.main")
 
@@ -129,7 +119,7 @@ async def run(settings: Settings, app: App, *, stop: asyncio.Event | None = None
         raise
     server = None
     try:
-        server = await start(manager, obs_config)
+        server = await _serve(manager, obs_config)
         _log.info("consuming", extra={"queues": list(settings.queues),
                                       "prefix": settings.redis_prefix,
                                       "group": settings.worker_group,
@@ -143,12 +133,14 @@ async def run(settings: Settings, app: App, *, stop: asyncio.Event | None = None
     return EXIT_OK
 
 
-def _where(settings: Settings) -> str:
-    """Where Redis is, without the password a URL may carry."""
-    if settings.redis_url is None:
-        return f"the embedded Redis (127.0.0.1:{settings.embedded_port})"
-    parts = urlsplit(settings.redis_url)
-    return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}"
+async def _serve(manager: WorkerManager, config: ObservabilityConfig) -> ObservabilityServer:
+    try:
+        return await start(manager, config)
+    except OSError as exc:  # the port is taken, or the address is not this host's
+        raise ConfigurationError(
+            f"METRICS_PORT: cannot serve /metrics on {config.host}:{config.metrics_port}: "
+            f"{exc} (METRICS_HOST, METRICS_PORT)"
+        ) from exc
 
 
 def main(env: Mapping[str, str] | None = None) -> int:
@@ -166,22 +158,23 @@ def main(env: Mapping[str, str] | None = None) -> int:
         return asyncio.run(run(settings, app))
     except asyncio.CancelledError:
         return EXIT_FAILED
-    except UnsafeRedisConfig as exc:
-        _log.error("cannot start: %s (ALLOW_UNSAFE_EVICTION=true starts anyway)", exc)
-        return EXIT_USAGE
-    except ConfigurationError as exc:
-        _log.error("cannot start: %s", exc)
-        return EXIT_USAGE
-    except (redis.ConnectionError, RedisUnavailable) as exc:
-        where = _where(settings)
-        _log.error("cannot reach Redis at %s: %s", where, exc)
-        return EXIT_FAILED
-    except StreamqError as exc:
-        _log.error("worker failed: %s", exc, extra={"error_type": type(exc).__name__})
-        return EXIT_FAILED
     except Exception as exc:
-        _log.exception("worker failed", extra={"error_type": type(exc).__name__})
-        return EXIT_FAILED
+        return _report(exc, settings)
+
+
+def _report(exc: Exception, settings: Settings) -> int:
+    """Log what ``exc`` means in one line (with a traceback only when unexpected); its code."""
+    failure = explain(exc, settings)
+    extra = {"error_type": type(exc).__name__}
+    if failure.variable is not None:
+        extra["variable"] = failure.variable
+    if failure.unexpected:
+        _log.exception("%s", failure.message, extra=extra)
+    elif failure.code == EXIT_USAGE:
+        _log.error("cannot start: %s", failure.message, extra=extra)
+    else:
+        _log.error("%s", failure.message, extra=extra)
+    return failure.code
 
 
 def _exit(code: int) -> None:

@@ -138,6 +138,7 @@ def test_unreachable_redis_exits_1_and_says_where(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert f"cannot reach Redis at redis://127.0.0.1:{closed}" in done.stderr
     assert "hunter2" not in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_evicting_redis_exits_2_unless_allowed(prefix: str, tmp_path: Path,

@@ -1,0 +1,172 @@
+"""What a failure of ``python -m worker`` means: its exit code and one line naming the fix.
+
+Exit 2 is bad configuration, something a person has to change (a variable, the app, the
+Redis it points at); exit 1 is Redis being unreachable, or the worker failing. redis-py and
+the runtime raise the same refusal in several shapes (a redis-py class, a mapped streamq
+error whose cause is the redis-py one, the reply text), so the whole chain is searched.
+
+Example::
+
+    failure = explain(exc, settings)
+    log.error("cannot start: %s", failure.message, extra={"variable": failure.variable})
+    return failure.code
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import redis
+from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    MovedError,
+    NoPermissionError,
+    RedisClusterException,
+)
+
+from streamq.errors import (
+    ConfigurationError,
+    ContractError,
+    ForeignConsumerGroup,
+    IncompatibleContract,
+    RedisRefused,
+    RedisUnavailable,
+    RegistrationError,
+    StreamqError,
+    UnsafeRedisConfig,
+)
+from worker.redis_url import database, location
+from worker.settings import Settings
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "Failure", "explain"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """How the process ends: ``code``, a one-line ``message``, the ``variable`` to change.
+
+    ``unexpected`` failures (not a known refusal) are logged with their traceback.
+    """
+
+    code: int
+    message: str
+    variable: str | None = None
+    unexpected: bool = False
+
+
+def explain(exc: BaseException, settings: Settings) -> Failure:
+    """The :class:`Failure` that ``exc``, raised while starting or running, stands for."""
+    where = location(settings.redis_url, settings.embedded_port)
+    found = _refusal(exc, settings, where) or _typed(exc, settings)
+    if found is not None:
+        return found
+    if any(isinstance(e, _UNREACHABLE) for e in _chain(exc)):
+        return Failure(EXIT_FAILED, f"cannot reach Redis at {where}: {_line(exc)}")
+    if isinstance(exc, StreamqError):
+        return Failure(EXIT_FAILED, f"worker failed: {_line(exc)}")
+    return Failure(EXIT_FAILED, f"worker failed: {type(exc).__name__}: {_line(exc)}",
+                   unexpected=True)
+
+
+_UNREACHABLE = (RedisUnavailable, redis.ConnectionError, redis.TimeoutError, ConnectionError,
+                TimeoutError, RedisClusterException)
+
+
+def _refusal(exc: BaseException, s: Settings, where: str) -> Failure | None:
+    """A refusal Redis gave at connection time, from its text anywhere in the chain."""
+    for e in _chain(exc):
+        text = " ".join(str(e).split())
+        if "Cluster mode is not enabled" in text:
+            return Failure(EXIT_USAGE,
+                           f"REDIS_CLUSTER=true but {where} is not a Redis Cluster node "
+                           "(cluster mode is not enabled on it); unset REDIS_CLUSTER, or "
+                           "point REDIS_URL at a node of the cluster", "REDIS_CLUSTER")
+        if "DB index is out of range" in text:
+            return Failure(EXIT_USAGE,
+                           f"REDIS_URL selects database {_db(s)}, which {where} refuses "
+                           "(DB index is out of range); use an index below the server's "
+                           "'databases' setting (16 by default)", "REDIS_URL")
+        if "SELECT is not allowed in cluster mode" in text:
+            return Failure(EXIT_USAGE,
+                           f"REDIS_URL selects database {_db(s)}, but {where} is a Redis "
+                           "Cluster node, which has only database 0; use /0 and set "
+                           "REDIS_CLUSTER=true", "REDIS_URL")
+        if (isinstance(e, MovedError) or text.startswith("MOVED ")) and not s.redis_cluster:
+            return Failure(EXIT_USAGE,
+                           f"{where} is a Redis Cluster node (it answered MOVED); set "
+                           "REDIS_CLUSTER=true", "REDIS_CLUSTER")
+        if isinstance(e, AuthenticationError | AuthenticationWrongNumberOfArgsError) or (
+            text.startswith(("WRONGPASS", "NOAUTH"))
+        ):
+            return Failure(EXIT_USAGE,
+                           f"{where} refused the credentials of REDIS_URL: {text}; check the "
+                           "user and password in REDIS_URL", "REDIS_URL")
+        if isinstance(e, NoPermissionError) or text.startswith("NOPERM"):
+            return Failure(EXIT_USAGE,
+                           f"{where} refused a command streamq needs: {text}; give the ACL "
+                           "user of REDIS_URL the stream, hash, sorted-set, string and "
+                           f"scripting commands on the keys under REDIS_PREFIX "
+                           f"({s.redis_prefix!r})", "REDIS_URL")
+        if text.startswith("WRONGTYPE"):
+            return Failure(EXIT_USAGE,
+                           f"a key under REDIS_PREFIX ({s.redis_prefix!r}) holds another type "
+                           f"of value ({text}); another application uses this prefix: give "
+                           "the queues their own REDIS_PREFIX", "REDIS_PREFIX")
+    return None
+
+
+def _typed(exc: BaseException, s: Settings) -> Failure | None:
+    """A streamq error that means the configuration must change."""
+    if isinstance(exc, UnsafeRedisConfig):
+        return Failure(EXIT_USAGE, f"{_line(exc)} (ALLOW_UNSAFE_EVICTION=true starts anyway)",
+                       "ALLOW_UNSAFE_EVICTION")
+    if isinstance(exc, ForeignConsumerGroup):
+        message = _line(exc)
+        if "WORKER_GROUP" not in message:
+            message += (f" (this worker's group: WORKER_GROUP={s.worker_group!r}; use the "
+                        "group the other workers use, or remove the other group)")
+        return Failure(EXIT_USAGE, message, "WORKER_GROUP")
+    if isinstance(exc, RedisRefused):
+        return Failure(EXIT_USAGE,
+                       f"Redis refused a call for good: {_line(exc)}; fix the access REDIS_URL "
+                       f"gives, or the keys under REDIS_PREFIX ({s.redis_prefix!r})",
+                       "REDIS_URL")
+    if isinstance(exc, IncompatibleContract):
+        changes = "; ".join(exc.changes)
+        return Failure(EXIT_USAGE,
+                       f"the app's contracts (WORKER_APP={s.app}) are incompatible: "
+                       f"{_line(exc)}" + (f" ({changes})" if changes else ""), "WORKER_APP")
+    if isinstance(exc, RegistrationError | ContractError):
+        return Failure(EXIT_USAGE,
+                       f"the app (WORKER_APP={s.app}) is invalid: {type(exc).__name__}: "
+                       f"{_line(exc)}", "WORKER_APP")
+    if isinstance(exc, ConfigurationError):
+        return Failure(EXIT_USAGE, _line(exc))
+    return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then its causes and contexts (each once)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+
+
+def _db(s: Settings) -> int:
+    return database(s.redis_url) if s.redis_url else 0
+
+
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
