@@ -11,7 +11,8 @@ and a message naming it, and so does an app that fails to import or a configurat
 refuses at start (see :mod:`worker.failures`). SIGTERM or SIGINT shuts down gracefully
 (running jobs finish up to their queue's shutdown timeout, the rest are handed back) and
 exits 0; a second signal stops at once (exit 1). Without ``REDIS_URL`` an embedded Redis is
-started (or reused) for local use. See ``docs/configuration.md`` for every variable.
+started (or reused) for local use. ``--help`` lists every variable; see also
+``docs/configuration.md``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from streamq.app import App
 from streamq.errors import ConfigurationError
@@ -38,10 +39,12 @@ from worker.settings import (
     load_settings,
     worker_overrides,
 )
+from worker.usage import usage
 
 __all__ = ["main", "run"]
 
 _log = logging.getLogger("streamq.worker.main")
+_HELP = ("-h", "--help")
 
 
 def _redis_url(settings: Settings) -> str:
@@ -143,8 +146,20 @@ async def _serve(manager: WorkerManager, config: ObservabilityConfig) -> Observa
         ) from exc
 
 
-def main(env: Mapping[str, str] | None = None) -> int:
-    """Parse the environment, then run; the process's exit code."""
+def main(env: Mapping[str, str] | None = None, argv: Sequence[str] = ()) -> int:
+    """Parse the arguments and the environment, then run; the process's exit code.
+
+    The only arguments are ``-h`` / ``--help``; anything else is refused (exit 2).
+    """
+    unknown = [a for a in argv if a not in _HELP]
+    if unknown:
+        print(f"python -m worker: unknown argument {unknown[0]!r}: the worker takes no "
+              "arguments, only environment variables (python -m worker --help lists them)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if argv:
+        print(usage(), end="")
+        return EXIT_OK
     env = os.environ if env is None else env
     try:
         settings, app = load_settings(env)
@@ -201,4 +216,4 @@ def _exit(code: int) -> None:
 
 
 if __name__ == "__main__":
-    _exit(main())
+    _exit(main(argv=sys.argv[1:]))

@@ -1,0 +1,101 @@
+"""``python -m worker --help``: usage, every environment variable it reads, exit codes.
+
+The table here is what ``--help`` prints; ``docs/configuration.md`` lists the same variables
+with the same defaults, and a test keeps the two (and what the parser reads) equal.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+
+from worker.settings import QUEUE_OPTIONS
+
+__all__ = ["VARIABLES", "Variable", "usage"]
+
+
+@dataclass(frozen=True, slots=True)
+class Variable:
+    """One global variable: its name, value format, default and what it does."""
+
+    name: str
+    kind: str
+    default: str
+    meaning: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("WORKER_APP", "package.module:attribute", "required",
+             "the streamq.app.App to run, e.g. myapp.worker:app"),
+    Variable("REDIS_URL", "URL", "unset: embedded Redis",
+             "redis://[[user]:password@]host[:port][/db], rediss://... or "
+             "unix:///path/to/redis.sock"),
+    Variable("REDIS_CLUSTER", "bool", "false",
+             "connect as a Redis Cluster client (needs REDIS_URL, database 0)"),
+    Variable("REDIS_PREFIX", "string", "streamq", "key prefix; must match the producers'"),
+    Variable("WORKER_GROUP", "string", "streamq",
+             "consumer group name; workers of one group share the jobs"),
+    Variable("LOG_FORMAT", "json | text | auto", "auto",
+             "json lines, readable text, or text at a terminal and json otherwise"),
+    Variable("LOG_LEVEL", "DEBUG | INFO | WARNING | ERROR | CRITICAL", "INFO",
+             "root log level"),
+    Variable("METRICS_PORT", "int 1..65535", "unset: no server",
+             "port of /metrics, /healthz and /readyz"),
+    Variable("METRICS_HOST", "address", "0.0.0.0", "address that server binds"),
+    Variable("LIVENESS_REDIS_TIMEOUT", "seconds > 0", "30",
+             "/healthz fails once Redis has been unreachable this long"),
+    Variable("LIVENESS_WEDGE_TIMEOUT", "seconds > 0", "60",
+             "/healthz fails once a queue had ready jobs but none started for this long"),
+    Variable("OTEL_EXPORTER_OTLP_ENDPOINT", "http(s):// URL", "unset: no export",
+             "export spans over OTLP/HTTP (with the tracing and otlp extras)"),
+    Variable("OTEL_SERVICE_NAME", "string", "streamq-worker", "service.name of exported spans"),
+    Variable("OTEL_SDK_DISABLED", "bool", "false", "true turns OTLP export off"),
+    Variable("ALLOW_UNSAFE_EVICTION", "bool", "false",
+             "start even when Redis's maxmemory-policy is not noeviction"),
+    Variable("STREAMQ_DATA_DIR", "path", ".streamq",
+             "data directory of the embedded Redis (only without REDIS_URL)"),
+    Variable("STREAMQ_EMBEDDED_PORT", "int 1..65535", "6390",
+             "port of the embedded Redis (only without REDIS_URL)"),
+)
+"""Every global variable, in the order of ``docs/configuration.md``."""
+
+_HEAD = """\
+usage: python -m worker [-h | --help]
+
+Runs the consumers of a streamq app. It takes no arguments: it is configured by the
+environment variables below, all checked before anything connects (a bad one exits 2,
+naming it). SIGTERM or SIGINT shuts down gracefully; a second signal stops at once.
+Every variable is described in docs/configuration.md.
+"""
+
+_QUEUES = """\
+Per queue lane (<QUEUE>: the lane name upper-cased, '-' as '_'; only lanes with a
+processor in the app are known, and any other QUEUE_* variable is an error):
+  QUEUE_CONSUMER_<QUEUE>_IS_ENABLED  bool [false]
+      consume this lane; at least one must be true
+  QUEUE_<QUEUE>_<OPTION>  [the processor's option]
+      override one worker option of the lane; <OPTION> is one of:
+"""
+
+_EXIT = """\
+Exit codes:
+  0  stopped by SIGTERM/SIGINT after a graceful shutdown (or --help)
+  1  Redis unreachable at start, the worker failed, or a second signal forced the stop
+  2  bad configuration: a variable, an argument, the app, or what Redis refused at start
+"""
+
+_INDENT = " " * 6
+
+
+def usage() -> str:
+    """The ``--help`` text."""
+    out = [_HEAD, "\nEnvironment variables [default]:\n"]
+    for v in VARIABLES:
+        out.append(f"  {v.name}  {v.kind} [{v.default}]\n")
+        out.append(textwrap.fill(v.meaning, 88, initial_indent=_INDENT,
+                                 subsequent_indent=_INDENT) + "\n")
+    out.append("\n" + _QUEUES)
+    for name, opt in QUEUE_OPTIONS.items():
+        out.append(f"{_INDENT}  {name:<20} {opt.doc}\n")
+    out.append("\n" + _EXIT)
+    return "".join(out)
