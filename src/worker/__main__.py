@@ -25,6 +25,8 @@ import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from streamq.app import App
 from streamq.errors import ConfigurationError
@@ -41,10 +43,34 @@ from worker.settings import (
 )
 from worker.usage import usage
 
-__all__ = ["main", "run"]
+__all__ = ["Shutdown", "main", "run"]
 
 _log = logging.getLogger("streamq.worker.main")
 _HELP = ("-h", "--help")
+
+
+class _Counts(Protocol):
+    def stats(self) -> Mapping[str, int]: ...
+
+
+@dataclass
+class Shutdown:
+    """How a run ended, for what the process says as it exits.
+
+    ``forced``: a second signal cancelled the graceful shutdown. ``workers``: the started
+    lane workers, whose ``held`` count after the run is the jobs neither settled nor handed
+    back.
+    """
+
+    forced: bool = False
+    workers: list[_Counts] = field(default_factory=list)
+
+    def unreleased(self) -> int | None:
+        """Jobs still held by this process (not released, not settled); None if unknown."""
+        try:
+            return sum(int(w.stats()["held"]) for w in self.workers)
+        except Exception:  # the last words must not fail: say less instead
+            return None
 
 
 def _redis_url(settings: Settings) -> str:
@@ -69,10 +95,17 @@ def _redis_url(settings: Settings) -> str:
     return server.url
 
 
-async def run(settings: Settings, app: App, *, stop: asyncio.Event | None = None) -> int:
+async def run(
+    settings: Settings,
+    app: App,
+    *,
+    stop: asyncio.Event | None = None,
+    shutdown: Shutdown | None = None,
+) -> int:
     """Consume the enabled queues until ``stop`` is set (or SIGTERM/SIGINT). Returns the exit
-    code."""
+    code; ``shutdown`` records how the run ended."""
     stop = stop or asyncio.Event()
+    shutdown = shutdown if shutdown is not None else Shutdown()
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
     signals = 0
@@ -87,6 +120,7 @@ async def run(settings: Settings, app: App, *, stop: asyncio.Event | None = None
         elif main_task is not None:
             _log.warning("second signal: stopping now; unfinished jobs are reclaimed after "
                          "their lock expires", extra={"signal": signame})
+            shutdown.forced = True
             main_task.cancel()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -120,6 +154,7 @@ async def run(settings: Settings, app: App, *, stop: asyncio.Event | None = None
         with contextlib.suppress(Exception):
             await manager.close_workers()
         raise
+    shutdown.workers = list(manager.workers)
     server = None
     try:
         server = await _serve(manager, obs_config)
@@ -146,7 +181,12 @@ async def _serve(manager: WorkerManager, config: ObservabilityConfig) -> Observa
         ) from exc
 
 
-def main(env: Mapping[str, str] | None = None, argv: Sequence[str] = ()) -> int:
+def main(
+    env: Mapping[str, str] | None = None,
+    argv: Sequence[str] = (),
+    *,
+    shutdown: Shutdown | None = None,
+) -> int:
     """Parse the arguments and the environment, then run; the process's exit code.
 
     The only arguments are ``-h`` / ``--help``; anything else is refused (exit 2).
@@ -169,12 +209,19 @@ def main(env: Mapping[str, str] | None = None, argv: Sequence[str] = ()) -> int:
         print(f"python -m worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(settings.log_format, settings.log_level)
+    shutdown = shutdown if shutdown is not None else Shutdown()
+    runner = asyncio.Runner()
     try:
-        return asyncio.run(run(settings, app))
+        return runner.run(run(settings, app, shutdown=shutdown))
     except asyncio.CancelledError:
         return EXIT_FAILED
     except Exception as exc:
         return _report(exc, settings)
+    finally:
+        # After a second signal, stop at once: closing the runner would cancel every task
+        # left and wait for each to finish, which is the wait that signal asked to skip.
+        if not shutdown.forced:
+            runner.close()
 
 
 def _report(exc: Exception, settings: Settings) -> int:
@@ -192,11 +239,14 @@ def _report(exc: Exception, settings: Settings) -> int:
     return failure.code
 
 
-def _exit(code: int) -> None:
-    """Exit with ``code``, even when an abandoned sync processor's thread still runs.
+def _exit(code: int, shutdown: Shutdown) -> None:
+    """Exit with ``code``, without waiting for what cannot be waited for.
 
-    A sync processor cannot be stopped: at shutdown its job was already released to another
-    worker, and waiting for the thread (as interpreter exit would) could wait forever.
+    A sync processor's thread cannot be stopped, and interpreter exit would wait for it,
+    maybe forever; after a second signal the tasks left on the loop are not waited for either.
+    Whether a stuck thread's job was handed back is what the shutdown confirmed: a graceful
+    one releases it; a forced one, or one that could not reach Redis, leaves it pending until
+    its lock expires and another worker reclaims it.
     """
     stuck = [
         t.name
@@ -204,10 +254,12 @@ def _exit(code: int) -> None:
         if t is not threading.main_thread() and t.is_alive() and not t.daemon
     ]
     if stuck:
+        held = shutdown.unreleased()
         _log.warning(
-            "exiting with processor threads still running; their jobs were released",
-            extra={"threads": stuck},
+            f"exiting with processor threads still running; {_fate(held)}",
+            extra={"threads": stuck, "unreleased": held, "forced": shutdown.forced},
         )
+    if stuck or shutdown.forced:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -215,5 +267,17 @@ def _exit(code: int) -> None:
     sys.exit(code)
 
 
+def _fate(held: int | None) -> str:
+    """What became of the jobs of threads still running, given how many are still held."""
+    if held == 0:
+        return "their jobs were released"
+    if held is None:
+        return ("any job not released stays pending and another worker reclaims it once its "
+                "lock expires")
+    return (f"{held} job(s) were not released: they stay pending and another worker reclaims "
+            "them once their lock expires")
+
+
 if __name__ == "__main__":
-    _exit(main(argv=sys.argv[1:]))
+    _last = Shutdown()
+    _exit(main(argv=sys.argv[1:], shutdown=_last), _last)

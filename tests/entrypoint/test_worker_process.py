@@ -219,3 +219,36 @@ def test_sync_job_past_the_shutdown_timeout_is_released_and_the_process_still_ex
     assert sredis.xlen(shard.stream) == 1
     assert sredis.xpending(shard.stream, "streamq")["pending"] == 0
     assert w.logged("exiting with processor threads still running; their jobs were released")
+
+
+def test_second_signal_with_a_sync_job_running_does_not_claim_it_was_released(
+    sredis: redis.Redis, redis_url: str, prefix: str, tmp_path: Path,
+    workers: list[WorkerProcess],
+) -> None:
+    SyncQueue(Chores, sredis, prefix=prefix).add(Chores.chore, Note(n=-1))
+    shard = QueueKeys(prefix, "chores", 1).shards[0]
+    env = worker_env(redis_url, prefix, QUEUE_CHORES_SHUTDOWN_TIMEOUT="60")
+    w = WorkerProcess(env, tmp_path / "worker.log")
+    workers.append(w)
+    w.wait_consuming()
+    wait_for(lambda: sredis.xpending(shard.stream, "streamq")["pending"] == 1, 20,
+             "the long sync chore to start")
+    w.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: w.logged("shutting down gracefully; send the signal again to stop at once"),
+             20, "the graceful shutdown to begin")
+    started = time.monotonic()
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(30) == 1
+    assert time.monotonic() - started < 20  # neither the shutdown timeout nor the thread
+
+    # The job was not handed back: it is still pending for this (gone) consumer, to be
+    # reclaimed once its lock expires, and the last words say exactly that.
+    assert sredis.xpending(shard.stream, "streamq")["pending"] == 1
+    last = w.records()[-1]
+    assert last["message"] == (
+        "exiting with processor threads still running; 1 job(s) were not released: they "
+        "stay pending and another worker reclaims them once their lock expires"
+    )
+    assert last["unreleased"] == 1
+    assert last["forced"] is True
+    assert "were released" not in w.log
