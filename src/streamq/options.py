@@ -68,6 +68,9 @@ class WorkerOptions:
         block_timeout: longest blocking read, so a dead connection is noticed.
         dead_letter_cap: approximate cap of each shard's dead-letter stream (0: uncapped).
         promote_interval: longest wait between checks for due delayed jobs.
+        settle_delay: after an idle spell, how long a finished job's acknowledgement waits
+            for others to share its Redis call (0: send at once). The job's slot is free
+            meanwhile; only the confirmation waits.
     """
 
     concurrency: int = 1
@@ -84,6 +87,7 @@ class WorkerOptions:
     block_timeout: Duration = timedelta(seconds=2)
     dead_letter_cap: int = 100_000
     promote_interval: Duration = timedelta(milliseconds=200)
+    settle_delay: Duration = timedelta(milliseconds=2)
 
     def __post_init__(self) -> None:
         if not isinstance(self.concurrency, int) or self.concurrency < 1:
@@ -116,6 +120,8 @@ class WorkerOptions:
         to_ms(self.shutdown_timeout, "shutdown_timeout")
         to_ms(self.block_timeout, "block_timeout", minimum=10)
         to_ms(self.promote_interval, "promote_interval", minimum=1)
+        if to_ms(self.settle_delay, "settle_delay") > 100:
+            raise ConfigurationError("settle_delay must be at most 100 ms")
         if self.timeout is not None:
             to_ms(self.timeout, "timeout", minimum=1)
 
@@ -144,6 +150,10 @@ class WorkerOptions:
     @property
     def block_timeout_ms(self) -> int:
         return to_ms(self.block_timeout, "block_timeout")
+
+    @property
+    def settle_delay_s(self) -> float:
+        return to_ms(self.settle_delay, "settle_delay") / 1000
 
     @property
     def promote_interval_s(self) -> float:

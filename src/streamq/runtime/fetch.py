@@ -1,5 +1,8 @@
 """Fetching within the bound: running + buffered never exceeds ``concurrency + prefetch``.
 
+A reader refills when a quarter of the lane's places is free (or the lane would go idle),
+so a read brings several entries even when jobs finish one at a time.
+
 ``XREADGROUP``'s ``COUNT`` applies **per stream**: one read over S shards with COUNT n can
 return S x n entries. So a read over every shard asks each for ``room // S``; when the room
 is smaller than S it first tries a non-blocking read of ``room`` shards (rotating which), and
@@ -248,13 +251,19 @@ class Reader:
         self._by_stream = {s.stream.encode(): s for s in self.shards}
         self._rotate = 0
         self.reads = 0
+        self.refill_at = min(intake.bound, max(1, -(-intake.concurrency // 4)))
+
+    def _should_read(self) -> bool:
+        # Refill once a quarter of the slots is free, or when the lane would go idle: not one
+        # read per freed slot (a round trip per job under staggered completions).
+        intake = self.intake
+        room = intake.room()
+        return room >= self.refill_at or (room > 0 and not intake.buffer and intake.active == 0)
 
     async def run(self) -> None:
         """Read until the lane closes; errors propagate to the supervisor."""
         while not self.closing():
-            await self.intake.wait_for(
-                lambda: self.closing() or (not self.intake.buffer and self.intake.room() > 0)
-            )
+            await self.intake.wait_for(lambda: self.closing() or self._should_read())
             if self.closing():
                 return
             if await self.is_paused():

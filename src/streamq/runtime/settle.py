@@ -1,8 +1,10 @@
 """Settling finished jobs: coalesced, fenced calls whose confirmed result is each job's outcome.
 
 Completions of one shard become one ``complete`` call, releases likewise; retries and dead
-letters are one call each; all of a flush go in one pipelined round trip. While a flush is in
-flight, new settles wait for the next one, so the batch grows with the load.
+letters are one call each; all of a flush go in one pipelined round trip. At most one flush is
+in flight: settles that arrive meanwhile join the next one, sent as soon as it returns. After
+an idle spell the first settle waits up to ``settle_delay`` (2 ms by default) for others, so
+jobs that finish at staggered times (processors doing real I/O) still share a call.
 
 Every call carries a token. A call whose reply was lost (connection dropped, Redis restarted
 after the write) is sent again with the **same** token, and the script answers with the reply
@@ -76,8 +78,15 @@ class Settler:
         on_settled: Callable[[SettleOp, Status | None], None],
         on_error: Callable[[BaseException], None],
         on_ok: Callable[[], None],
+        delay_s: float = 0.0,
+        batch_target: int = 1,
     ) -> None:
         self.ctx = ctx
+        # After an idle spell, the first settle waits up to delay_s for company unless
+        # batch_target settles are already pending: jobs that finish at staggered times
+        # (real I/O) share one call instead of one call each.
+        self.delay_s = delay_s
+        self.batch_target = batch_target
         self.on_settled = on_settled
         self.on_error = on_error
         self.on_ok = on_ok
@@ -107,6 +116,8 @@ class Settler:
             if not self._pending and not self._resend:
                 self._idle.set()
                 await self._wake.wait()
+                if self.delay_s > 0 and len(self._pending) < self.batch_target:
+                    await asyncio.sleep(self.delay_s)
             self._wake.clear()
             try:
                 failed = await self._flush()

@@ -122,7 +122,8 @@ class Worker:
             max_workers=options.concurrency + 4, thread_name_prefix=f"streamq-{lane.name}"
         )
         self.settler = Settler(ctx, on_settled=self._settled, on_error=self._redis_error,
-                               on_ok=self.status.ok)
+                               on_ok=self.status.ok, delay_s=options.settle_delay_s,
+                               batch_target=options.concurrency)
         self.renewer = LockRenewer(
             renew_client, self.held, queue=lane.name, group=group, consumer=consumer,
             interval_s=options.lock_renew_interval_ms / 1000,
