@@ -30,7 +30,7 @@ from streamq.errors import (
 )
 from streamq.hooks import CompositeHooks, Hooks, JobInfo
 from streamq.job import Job
-from streamq.options import Limiter, WorkerOptions
+from streamq.options import Batch, Limiter, WorkerOptions
 from streamq.producer import JobRequest, Queue, SyncQueue
 from streamq.runtime import Worker, WorkerManager
 
@@ -39,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "App",
     "Backoff",
+    "Batch",
     "Change",
     "CompositeHooks",
     "ConfigurationError",

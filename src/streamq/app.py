@@ -14,10 +14,11 @@ for every queue whose ``QUEUE_CONSUMER_<QUEUE>_IS_ENABLED`` flag is true.
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
 import types
 import typing
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union, get_args, get_origin
 
@@ -26,7 +27,7 @@ from pydantic import BaseModel
 from streamq.contracts import ContractSet, JobSpec, QueueContract
 from streamq.errors import RegistrationError
 from streamq.job import Job
-from streamq.options import WorkerOptions
+from streamq.options import Batch, WorkerOptions
 
 __all__ = ["App", "Processor", "Registration"]
 
@@ -43,6 +44,8 @@ class Registration:
     default: Processor | None = None
     by_job: dict[str, Processor] = field(default_factory=dict)
     options_given: bool = False
+    batch: Batch | None = None
+    """Set for a batch processor: ``default`` then takes ``list[Job[P]]``."""
 
     def handler(self, job_name: str) -> Processor | None:
         """The processor for ``job_name``, or None when nothing handles it."""
@@ -69,13 +72,21 @@ class App:
         self.registrations: dict[str, Registration] = {}
 
     def processor(
-        self, target: type[QueueContract] | JobSpec[Any], **options: Any
+        self,
+        target: type[QueueContract] | JobSpec[Any],
+        *,
+        batch: Batch | None = None,
+        **options: Any,
     ) -> Callable[[F], F]:
         """Register the decorated function as the processor of a queue or of one job.
 
         ``target`` is a queue contract (the function handles all its jobs) or one job spec
         (``Ingestion.ingest_event``). Keyword options are :class:`WorkerOptions` fields and
         apply to the whole queue; give them once per queue.
+
+        With ``batch=Batch(max_size, max_wait)`` (a whole queue only) the function takes a
+        ``list[Job[P]]``: it completes the jobs by returning, fails them all by raising,
+        and fails single ones with :meth:`Job.fail`.
 
         The processor is called with the job only: ``fn(job)``.
 
@@ -103,10 +114,11 @@ class App:
                 f"@app.processor needs a QueueContract or a JobSpec, got {target!r}"
             )
         opts = WorkerOptions().merged(**options) if options else WorkerOptions()
+        _check_batch(batch, contract, job_name)
 
         def decorate(fn: F) -> F:
             _check_signature(fn, contract, job_name)
-            _check_annotation(fn, contract, job_name, models)
+            _check_annotation(fn, contract, job_name, models, batch=batch is not None)
             reg = self.registrations.get(contract.queue_name)
             if reg is None:
                 reg = Registration(contract, opts, options_given=bool(options))
@@ -119,6 +131,7 @@ class App:
                         queue=contract.queue_name,
                     )
                 reg.options, reg.options_given = opts, True
+            _check_batch_mix(reg, batch, job_name)
             if job_name is None:
                 if reg.default is not None:
                     raise RegistrationError(
@@ -126,6 +139,7 @@ class App:
                         queue=contract.queue_name,
                     )
                 reg.default = fn
+                reg.batch = batch
             else:
                 if job_name in reg.by_job:
                     raise RegistrationError(
@@ -149,6 +163,32 @@ class App:
     def lane_names(self) -> list[str]:
         """Every lane that has a processor, primary and secondary."""
         return [lane.name for r in self.registrations.values() for lane in r.contract.lanes()]
+
+
+def _check_batch(batch: object, contract: type[QueueContract], job_name: str | None) -> None:
+    if batch is None:
+        return
+    if not isinstance(batch, Batch):
+        raise RegistrationError(f"batch must be a streamq.Batch, got {batch!r}",
+                                queue=contract.queue_name)
+    if job_name is not None:
+        raise RegistrationError(
+            f"a batch processor handles a whole queue: decorate it with the contract "
+            f"{contract.__name__}, not one job ({job_name!r})",
+            queue=contract.queue_name, job=job_name,
+        )
+
+
+def _check_batch_mix(reg: Registration, batch: Batch | None, job_name: str | None) -> None:
+    queue = reg.contract.queue_name
+    if batch is not None and reg.by_job:
+        raise RegistrationError(
+            f"queue {queue!r} has per-job processors: a batch processor must handle every "
+            "job of its queue", queue=queue,
+        )
+    if job_name is not None and reg.batch is not None:
+        raise RegistrationError(f"queue {queue!r} has a batch processor already",
+                                queue=queue, job=job_name)
 
 
 def _check_signature(fn: object, contract: type[QueueContract], job_name: str | None) -> None:
@@ -193,8 +233,9 @@ def _check_signature(fn: object, contract: type[QueueContract], job_name: str | 
         )
 
 
-def _payload_type(fn: Callable[..., Any]) -> Any:
-    """The ``P`` of the first parameter's ``Job[P]`` annotation, or None when absent."""
+def _payload_type(fn: Callable[..., Any], *, batch: bool = False) -> Any:
+    """The ``P`` of the first parameter's ``Job[P]`` annotation (``list[Job[P]]`` for a
+    batch processor), or None when absent."""
     try:
         hints = typing.get_type_hints(fn)
     except Exception:
@@ -205,6 +246,14 @@ def _payload_type(fn: Callable[..., Any]) -> Any:
     hint = hints.get(params[0])
     if hint is None:
         return None
+    if batch:
+        origin = get_origin(hint)
+        if origin not in (list, Sequence, collections.abc.Sequence) or not get_args(hint):
+            raise RegistrationError(
+                f"batch processor {fn.__qualname__}: its first parameter must be annotated "
+                f"list[Job[...]], got {hint!r}"
+            )
+        hint = get_args(hint)[0]
     if get_origin(hint) is Job or hint is Job:
         args = get_args(hint)
         return args[0] if args else None
@@ -219,8 +268,10 @@ def _check_annotation(
     contract: type[QueueContract],
     job_name: str | None,
     models: list[type[BaseModel]],
+    *,
+    batch: bool = False,
 ) -> None:
-    declared = _payload_type(fn)
+    declared = _payload_type(fn, batch=batch)
     if declared is None or declared is Any or declared is BaseModel:
         return
     accepted: tuple[Any, ...]

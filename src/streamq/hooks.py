@@ -72,6 +72,11 @@ class Hooks:
         """Wraps one attempt (the processor call); tracing opens its CONSUMER span here."""
         return nullcontext()
 
+    def batch_context(self, jobs: Sequence[JobInfo]) -> AbstractContextManager[None]:
+        """Wraps one run of a batch processor over ``jobs``; tracing opens one CONSUMER span
+        linked to each job's producer span. ``job_finished`` of each job runs inside it."""
+        return nullcontext()
+
     def job_started(self, job: JobInfo) -> None:
         """An attempt is about to run; ``job.wait_ms`` is the time since it became due."""
 
@@ -180,11 +185,18 @@ class CompositeHooks(Hooks):
                 stack.enter_context(h.process_context(job))
             yield
 
+    @contextmanager
+    def batch_context(self, jobs: Sequence[JobInfo]) -> Iterator[None]:
+        with ExitStack() as stack:
+            for h in self.hooks:
+                stack.enter_context(h.batch_context(jobs))
+            yield
+
 
 _NOTIFY = frozenset(
     n
     for n in vars(Hooks)
-    if not n.startswith("_") and n not in ("enqueue_context", "process_context")
+    if not n.startswith("_") and n not in ("enqueue_context", "process_context", "batch_context")
 )
 
 

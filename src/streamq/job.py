@@ -37,6 +37,7 @@ class Job(Generic[P]):
 
     __slots__ = (
         "_extend",
+        "_failure",
         "_logger",
         "_lost",
         "attempt",
@@ -83,6 +84,7 @@ class Job(Generic[P]):
         # Set by the worker's loop, read from any thread: a plain bool is enough, and a
         # threading.Event (a lock and a condition) per job cost more than the rest of Job.
         self._lost = False
+        self._failure: BaseException | None = None
         self._logger: logging.LoggerAdapter[logging.Logger] | None = None
 
     @property
@@ -106,6 +108,31 @@ class Job(Generic[P]):
     def lock_lost(self) -> bool:
         """True once another worker reclaimed this job; its result will not be acknowledged."""
         return self._lost
+
+    def fail(self, error: BaseException) -> None:
+        """Mark this job failed with ``error``, as if its processor had raised it.
+
+        For batch processors, which settle each job on its own: the jobs marked here take
+        the path of their error (``Retry`` re-delays without spending an attempt,
+        ``PermanentError`` dead-letters, anything else is a failed attempt retried with
+        backoff until attempts run out); the others complete. A processor that raises fails
+        every job of its batch.
+
+        Example::
+
+            async def ingest(jobs: list[Job[Event]]) -> None:
+                for job, ok in zip(jobs, await store.write_many([j.payload for j in jobs])):
+                    if not ok:
+                        job.fail(RuntimeError("row rejected"))
+        """
+        if not isinstance(error, BaseException):
+            raise TypeError(f"Job.fail takes an exception, got {error!r}")
+        self._failure = error
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error given to :meth:`fail`, or None."""
+        return self._failure
 
     def extend_lock(self) -> None:
         """Renew this worker's locks now (thread-safe; renewal also runs on its own)."""

@@ -9,7 +9,7 @@ from typing import Any
 from streamq.backoff import Backoff, BackoffLike
 from streamq.errors import ConfigurationError
 
-__all__ = ["Limiter", "WorkerOptions"]
+__all__ = ["Batch", "Limiter", "WorkerOptions"]
 
 Duration = timedelta | float | int
 """A duration: a timedelta, or a number of seconds."""
@@ -42,6 +42,36 @@ class Limiter:
     @property
     def duration_ms(self) -> int:
         return to_ms(self.duration, "limiter duration", minimum=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Run a processor on lists of jobs: up to ``max_size`` gathered for at most ``max_wait``.
+
+    The batch starts as soon as ``max_size`` jobs are there, or ``max_wait`` after its first
+    job arrived, whichever comes first. Each job keeps its own attempts, backoff, dead
+    letter, lock and trace link; ``concurrency`` counts batches running at once.
+
+    Example::
+
+        @app.processor(Ingestion, batch=Batch(max_size=200, max_wait=0.05))
+        async def ingest(jobs: list[Job[Event]]) -> None:
+            await store.write_many([j.payload for j in jobs])
+    """
+
+    max_size: int
+    max_wait: Duration = 0.05
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or (
+            self.max_size < 1
+        ):
+            raise ConfigurationError(f"batch max_size must be >= 1, got {self.max_size!r}")
+        to_ms(self.max_wait, "batch max_wait")
+
+    @property
+    def max_wait_s(self) -> float:
+        return to_ms(self.max_wait, "batch max_wait") / 1000
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import importlib
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 try:
@@ -53,6 +54,8 @@ ATTEMPT_ATTRIBUTE = "messaging.redis.message.delivery_attempt"
 """1-based attempt number of the job (the system-specific delivery attempt attribute)."""
 
 _ERROR_OUTCOMES = frozenset({"retried", "failed"})
+
+_IN_BATCH: ContextVar[bool] = ContextVar("streamq_in_batch", default=False)
 
 
 def _version() -> str:
@@ -133,6 +136,44 @@ class TracingHooks(Hooks):
             otel_context.detach(token)
             span.end()
 
+    @contextmanager
+    def batch_context(self, jobs: Sequence[JobInfo]) -> Iterator[None]:
+        # One CONSUMER span for the call, linked to each job's producer span (messaging
+        # conventions for batch receives): each job keeps its trace, the call has its own.
+        links = []
+        for job in jobs:
+            if job.trace_context:
+                ctx = trace.get_current_span(
+                    propagate.extract(job.trace_context, context=Context())
+                ).get_span_context()
+                if ctx.is_valid:
+                    links.append(trace.Link(ctx, {"messaging.message.id": job.job_id}))
+        first = jobs[0]
+        span = self.tracer.start_span(
+            f"process {first.queue}",
+            context=Context(),
+            kind=SpanKind.CONSUMER,
+            links=links,
+            attributes={
+                "messaging.system": "redis",
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.destination.name": first.queue,
+                "messaging.batch.message_count": len(jobs),
+            },
+        )
+        token = otel_context.attach(trace.set_span_in_context(span, Context()))
+        flag = _IN_BATCH.set(True)
+        try:
+            yield
+        except BaseException as exc:
+            _record_error(span, exc, frozenset().union(*(j.secret_values for j in jobs)))
+            raise
+        finally:
+            _IN_BATCH.reset(flag)
+            otel_context.detach(token)
+            span.end()
+
     def job_finished(
         self,
         job: JobInfo,
@@ -142,6 +183,14 @@ class TracingHooks(Hooks):
     ) -> None:
         span = trace.get_current_span()
         if not span.is_recording():
+            return
+        if _IN_BATCH.get():
+            attributes: dict[str, Any] = {"messaging.message.id": job.job_id,
+                                          "streamq.outcome": outcome}
+            if error is not None:
+                attributes["exception.type"] = type(error).__name__
+                attributes["exception.message"] = scrub_text(str(error), job.secret_values)[:500]
+            span.add_event("job finished", attributes)
             return
         span.set_attribute("streamq.outcome", outcome)
         if error is not None and outcome in _ERROR_OUTCOMES:

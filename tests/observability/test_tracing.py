@@ -172,3 +172,40 @@ async def test_the_envelope_keeps_its_trace_context_across_retries(
     assert seen[0] is not None
     assert "traceparent" in seen[0]
     assert seen[0] == seen[1]
+
+
+async def test_a_batch_is_one_consumer_span_linked_to_each_jobs_producer_span(
+    run_worker: RunWorker,
+    aredis: aioredis.Redis,
+    prefix: str,
+    exporter: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    from streamq import App, Batch, JobRequest
+
+    provider, spans = exporter
+    hooks = TracingHooks(provider)
+    queue = Queue(Obs, aredis, prefix=prefix, hooks=hooks)
+    await queue.for_key("k").add_bulk(
+        [JobRequest(Obs.work, Work(project_id=TENANT, n=n)) for n in range(3)]
+    )
+    app = App([Obs])
+
+    @app.processor(Obs, batch=Batch(max_size=10, max_wait=0.1))
+    async def process(jobs: list[Job[Work]]) -> None:
+        for j in jobs:
+            if j.payload.n == 2:
+                j.fail(RuntimeError("row 2 rejected"))
+
+    manager, _ = await run_worker(app, hooks)
+    await manager.run_until_idle(timeout_s=10)
+    finished = spans.get_finished_spans()
+    producers = by_kind(finished, SpanKind.PRODUCER)
+    assert len(producers) == 3
+    consumers = by_kind(finished, SpanKind.CONSUMER)
+    first = consumers[0]
+    assert dict(first.attributes or {})["messaging.batch.message_count"] == 3
+    linked = {link.context.span_id for link in first.links}
+    assert linked == {p.context.span_id for p in producers}
+    events = [e for e in first.events if e.name == "job finished"]
+    assert sorted(str((e.attributes or {})["streamq.outcome"]) for e in events) == [
+        "completed", "completed", "retried"]

@@ -20,7 +20,7 @@ _log = logging.getLogger("streamq.worker")
 
 async def run_processor(
     fn: Processor,
-    job: Job[Any],
+    job: Job[Any] | list[Job[Any]],
     *,
     timeout_s: float | None,
     pool: ThreadPoolExecutor,
@@ -32,13 +32,14 @@ async def run_processor(
     A ``TimeoutError`` the processor raises itself (an upstream call timing out) is an
     ordinary error, not a job timeout.
     """
+    call: Any = fn  # a batch processor takes the list
     if Registration.is_async(fn):
         if timeout_s is None:
-            return await fn(job)
+            return await call(job)
         limit = asyncio.timeout(timeout_s)
         try:
             async with limit:
-                return await fn(job)
+                return await call(job)
         except TimeoutError:
             if not limit.expired():
                 raise
@@ -46,8 +47,14 @@ async def run_processor(
     return await _run_sync(fn, job, timeout_s=timeout_s, pool=pool)
 
 
+def _job_extra(job: Job[Any] | list[Job[Any]]) -> dict[str, Any]:
+    if isinstance(job, list):
+        return {"queue": job[0].queue if job else "", "batch": len(job)}
+    return {"queue": job.queue, "job_id": job.id, "job": job.name}
+
+
 async def _run_sync(
-    fn: Callable[[Job[Any]], Any], job: Job[Any], *, timeout_s: float | None,
+    fn: Callable[[Any], Any], job: Job[Any] | list[Job[Any]], *, timeout_s: float | None,
     pool: ThreadPoolExecutor,
 ) -> Any:
     loop = asyncio.get_running_loop()
@@ -79,7 +86,7 @@ async def _run_sync(
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         _log.warning(
             "sync processor abandoned after timeout; its thread runs on",
-            extra={"queue": job.queue, "job_id": job.id, "job": job.name},
+            extra=_job_extra(job),
         )
         raise JobTimeout(f"job ran longer than its {timeout_s:g} s timeout (abandoned)")
     return fut.result()

@@ -27,6 +27,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from streamq import ops
@@ -43,7 +44,7 @@ from streamq.runtime.execute import run_processor
 from streamq.runtime.fetch import Entry
 from streamq.runtime.settle import SettleOp, Status
 
-__all__ = ["JobRunner", "retry_values"]
+__all__ = ["JobRunner", "Poison", "retry_values"]
 
 _log = logging.getLogger("streamq.worker")
 
@@ -51,6 +52,16 @@ TRACEBACK_LINES = 8
 
 # The outcome a settle kind reports when Redis applied it.
 _APPLIED = {"complete": "completed", "release": "released"}
+
+
+@dataclass(slots=True)
+class Poison:
+    """An entry that cannot run (undecodable, unknown job, invalid payload): its dead letter."""
+
+    shard: ShardKeys
+    op: SettleOp
+    reason: str
+    job_name: str
 
 
 def _flat(fields: dict[bytes, bytes]) -> list[bytes]:
@@ -118,6 +129,10 @@ class JobRunner:
         return rest
 
     # -- settling ------------------------------------------------------------------------------
+    def settle(self, op: SettleOp) -> asyncio.Future[Status | None]:
+        """Submit ``op``; the future resolves with Redis's answer (None: never answered)."""
+        return self._settle(op)
+
     def _settle(self, op: SettleOp) -> asyncio.Future[Status | None]:
         fut: asyncio.Future[Status | None] = asyncio.get_running_loop().create_future()
 
@@ -192,15 +207,15 @@ class JobRunner:
         finally:
             free()
 
-    async def _run(self, shard: ShardKeys, entry: Entry, free: Callable[[], None]) -> None:
+    def prepare(self, shard: ShardKeys, entry: Entry) -> tuple[RawJob, Any, Any] | Poison:
+        """Decode and validate an entry: ``(raw, payload, handler)``, or the poison's settle."""
         ctx = self.ctx
         try:
             raw = decode_entry(entry.entry_id, entry.fields)
         except Exception as exc:
             # Whatever cannot be decoded is poison, InvalidPayload or not (JSON nested too
             # deep raises RecursionError): left unsettled, it would be held forever.
-            await self._poison(shard, entry, "invalid_payload", exc, 0, "", free)
-            return
+            return self._poison(shard, entry, "invalid_payload", exc, 0, "")
         spec = ctx.contract.jobs.get(raw.name)
         handler = self.registration.handler(raw.name)
         if spec is None or handler is None:
@@ -208,26 +223,38 @@ class JobRunner:
                 f"queue {ctx.name!r} has no processor for job {raw.name!r}",
                 queue=ctx.name, job=raw.name, job_id=raw.id,
             )
-            await self._poison(shard, entry, "unknown_job", exc2, raw.attempt - 1,
-                               raw.name if spec else "", free)
-            return
+            return self._poison(shard, entry, "unknown_job", exc2, raw.attempt - 1,
+                                raw.name if spec else "")
         try:
             payload = validate_payload(raw, spec.model, queue=ctx.name)
         except Exception as exc:
             # A model validator may raise more than ValueError: still poison, never run.
-            await self._poison(shard, entry, "invalid_payload", exc, raw.attempt - 1,
-                               raw.name, free)
+            return self._poison(shard, entry, "invalid_payload", exc, raw.attempt - 1,
+                                raw.name)
+        return raw, payload, handler
+
+    def _poison(self, shard: ShardKeys, entry: Entry, reason: str, exc: BaseException,
+                attempts: int, job_name: str) -> Poison:
+        op = self._dead_op(shard, entry.entry_id, entry.fields, reason=reason, error=exc,
+                           attempts=attempts)
+        return Poison(shard, op, reason, job_name)
+
+    async def settle_poison(self, poison: Poison, free: Callable[[], None]) -> None:
+        """Dead-letter a poison entry (it never runs); count it once Redis confirmed."""
+        fut = self._settle(poison.op)
+        free()
+        self._count_dead(poison.shard, poison.job_name, poison.reason, await fut)
+
+    async def _run(self, shard: ShardKeys, entry: Entry, free: Callable[[], None]) -> None:
+        got = self.prepare(shard, entry)
+        if isinstance(got, Poison):
+            await self.settle_poison(got, free)
             return
+        raw, payload, handler = got
         await self._attempt(shard, raw, payload, handler, free)
 
-    async def _poison(self, shard: ShardKeys, entry: Entry, reason: str, exc: BaseException,
-                      attempts: int, job_name: str, free: Callable[[], None]) -> None:
-        fut = self._settle(self._dead_op(shard, entry.entry_id, entry.fields, reason=reason,
-                                         error=exc, attempts=attempts))
-        free()
-        self._count_dead(shard, job_name, reason, await fut)
-
-    def _info(self, shard: ShardKeys, raw: RawJob, payload: Any) -> tuple[JobInfo, Job[Any]]:
+    def info(self, shard: ShardKeys, raw: RawJob, payload: Any) -> tuple[JobInfo, Job[Any]]:
+        """What hooks get about one run, and the job its processor gets."""
         ctx = self.ctx
         tenant = None
         if ctx.contract.tenant_field:
@@ -250,10 +277,33 @@ class JobRunner:
         )
         return info, job
 
+    def decide(self, shard: ShardKeys, raw: RawJob,
+               error: BaseException | None) -> tuple[SettleOp, str]:
+        """The settle for a run that ended with ``error`` (None: it completed), and the
+        outcome it reports when Redis applies it."""
+        if error is None:
+            return SettleOp("complete", shard, raw.entry_id), "completed"
+        if isinstance(error, Retry):
+            return self._retry_op(shard, raw, delay_ms=error.delay_ms,
+                                  values=retry_values(raw)), "delayed"
+        if isinstance(error, PermanentError):
+            return self._dead_op(shard, raw.entry_id, raw.fields, reason="permanent",
+                                 error=error, attempts=raw.attempt), "failed"
+        return self._failed_attempt(shard, raw, error)
+
+    async def finish(self, shard: ShardKeys, raw: RawJob, info: JobInfo, op: SettleOp,
+                     intent: str, error: BaseException | None, duration: float,
+                     fut: asyncio.Future[Status | None]) -> None:
+        """Wait for Redis's answer to ``op`` and report the outcome it confirms."""
+        status = await fut
+        if op.kind == "fail":
+            self._count_dead(shard, raw.name, _reason(error), status)
+        self.ctx.hooks.job_finished(info, _confirmed(op.kind, intent, status), duration, error)
+
     async def _attempt(self, shard: ShardKeys, raw: RawJob, payload: Any, handler: Any,
                        free: Callable[[], None]) -> None:
         ctx = self.ctx
-        info, job = self._info(shard, raw, payload)
+        info, job = self.info(shard, raw, payload)
         key = (shard.index, raw.entry_id)
         self.running[key] = job
         ctx.hooks.job_started(info)
@@ -264,48 +314,38 @@ class JobRunner:
                 try:
                     await run_processor(handler, job, timeout_s=ctx.options.timeout_s,
                                         pool=self.pool)
-                    op, intent = SettleOp("complete", shard, raw.entry_id), "completed"
-                except Retry as exc:
-                    error, intent = exc, "delayed"
-                    op = self._retry_op(shard, raw, delay_ms=exc.delay_ms,
-                                        values=retry_values(raw))
-                except PermanentError as exc:
-                    error, intent = exc, "failed"
-                    op = self._dead_op(shard, raw.entry_id, raw.fields, reason="permanent",
-                                       error=exc, attempts=raw.attempt)
+                    error = job.failure
                 except Exception as exc:
                     error = exc
-                    op, intent = self._failed_attempt(shard, raw, exc)
+                op, intent = self.decide(shard, raw, error)
             except asyncio.CancelledError:
                 # Shutdown ran out of time: hand the job back so another worker takes it now.
-                await self._released(shard, raw, info, started, free)
+                await self.released([(shard, raw, info)], started, [free])
                 raise
             finally:
                 self.running.pop(key, None)
             duration = time.perf_counter() - started
             fut = self._settle(op)
             free()
-            status = await fut
-            outcome = _confirmed(op.kind, intent, status)
-            if op.kind == "fail":
-                reason = _reason(error)
-                self._count_dead(shard, raw.name, reason, status)
-            ctx.hooks.job_finished(info, outcome, duration, error)
+            await self.finish(shard, raw, info, op, intent, error, duration, fut)
 
-    async def _released(self, shard: ShardKeys, raw: RawJob, info: JobInfo, started: float,
-                        free: Callable[[], None]) -> None:
+    async def released(self, runs: list[tuple[ShardKeys, RawJob, JobInfo]], started: float,
+                       frees: list[Callable[[], None]]) -> None:
+        """Release cancelled runs (shutdown past its timeout) and report what Redis said."""
         duration = time.perf_counter() - started
-        fut = self._settle(SettleOp("release", shard, raw.entry_id))
-        free()
+        futs = [self._settle(SettleOp("release", shard, raw.entry_id)) for shard, raw, _ in runs]
+        for free in frees:
+            free()
         try:
-            status = await asyncio.shield(fut)
+            statuses = await asyncio.shield(asyncio.gather(*futs))
         except asyncio.CancelledError:
-            status = None
-        self.ctx.hooks.job_finished(info, _confirmed("release", "released", status), duration,
-                                    None)
+            statuses = [f.result() if f.done() else None for f in futs]
+        for (_, _, info), status in zip(runs, statuses, strict=True):
+            self.ctx.hooks.job_finished(info, _confirmed("release", "released", status),
+                                        duration, None)
 
     def _failed_attempt(self, shard: ShardKeys, raw: RawJob,
-                        exc: Exception) -> tuple[SettleOp, str]:
+                        exc: BaseException) -> tuple[SettleOp, str]:
         ctx = self.ctx
         reason = "timeout" if isinstance(exc, JobTimeout) else "error"
         if raw.attempt >= ctx.max_attempts:

@@ -110,7 +110,18 @@ class Settler:
         return len(self._pending) + sum(len(s.ops) for s in self._resend)
 
     async def run(self) -> None:
-        """Flush whenever something is pending, until cancelled; backs off while failing."""
+        """Flush whenever something is pending, until cancelled; backs off while failing.
+
+        When cancelled, whatever is still unanswered is resolved as unsettled: no job task
+        may wait forever for an answer that will never come.
+        """
+        try:
+            await self._run()
+        except asyncio.CancelledError:
+            self.abandon()
+            raise
+
+    async def _run(self) -> None:
         delay = 0.05
         while True:
             if not self._pending and not self._resend:

@@ -28,6 +28,7 @@ from streamq.hooks import Hooks
 from streamq.keys import QueueKeys, ShardKeys
 from streamq.options import WorkerOptions
 from streamq.runtime import heartbeat
+from streamq.runtime.batch import run_batch
 from streamq.runtime.context import LaneContext, ServerClock
 from streamq.runtime.fetch import Entry, Intake, Reader, check_foreign_groups, ensure_groups
 from streamq.runtime.process import JobRunner
@@ -114,7 +115,11 @@ class Worker:
         self.started_total = 0
         self.last_started = time.monotonic()
         self.last_grant_denied = False
-        self.intake = Intake(options.concurrency, options.prefetch)
+        self.batch = registration.batch
+        # A batch lane's slots are entries: concurrency batches of up to max_size each.
+        per_slot = self.batch.max_size if self.batch else 1
+        self.intake = Intake(options.concurrency * per_slot, options.prefetch)
+        self.batches_active = 0
         self.held = HeldEntries(ctx.shards)
         self.pause = PauseFlag(client, ctx.keys.meta)
         self.supervisor = Supervisor(lane.name, hooks, self.status)
@@ -123,7 +128,7 @@ class Worker:
         )
         self.settler = Settler(ctx, on_settled=self._settled, on_error=self._redis_error,
                                on_ok=self.status.ok, delay_s=options.settle_delay_s,
-                               batch_target=options.concurrency)
+                               batch_target=options.concurrency * per_slot)
         self.renewer = LockRenewer(
             renew_client, self.held, queue=lane.name, group=group, consumer=consumer,
             interval_s=options.lock_renew_interval_ms / 1000,
@@ -209,7 +214,7 @@ class Worker:
                                     list(self.contract.jobs))
         sup = self.supervisor
         sup.spawn("settler", self.settler.run)
-        sup.spawn("dispatcher", self._dispatcher)
+        sup.spawn("dispatcher", self._batch_dispatcher if self.batch else self._dispatcher)
         sup.spawn("promoter", self.promoter.run)
         sup.spawn("reclaimer", self.reclaimer.run)
         sup.spawn("heartbeat", self.heartbeat.run)
@@ -285,7 +290,6 @@ class Worker:
 
     async def _dispatcher(self) -> None:
         intake = self.intake
-        limiter = self.options.limiter
         while not self.closing:
             await intake.wait_for(
                 lambda: self.closing or (bool(intake.buffer) and intake.free_slots() > 0)
@@ -297,21 +301,82 @@ class Worker:
             if await self.pause():
                 self._hand_back(intake.drain())
                 continue
-            n = min(len(intake.buffer), intake.free_slots())
-            if limiter is not None:
-                call = ops.limiter(self.keys, max_jobs=limiter.max_jobs,
-                                   window_ms=limiter.duration_ms, want=n)
-                grant = (await run_calls(self.client, [call], queue=self.name))[0]
-                n = grant.granted
-                self.last_grant_denied = n == 0
-                if n == 0:
-                    await asyncio.sleep(max(grant.window_left_ms, 1) / 1000)
-                    continue
+            n = await self._take_tokens(min(len(intake.buffer), intake.free_slots()))
             for _ in range(n):
                 entry = intake.take()
                 if entry is None or self.closing:
                     break
                 self._start(entry)
+
+    async def _take_tokens(self, n: int) -> int:
+        """How many of ``n`` jobs the lane's rate limit lets start now (all without one)."""
+        limiter = self.options.limiter
+        if limiter is None:
+            return n
+        call = ops.limiter(self.keys, max_jobs=limiter.max_jobs,
+                           window_ms=limiter.duration_ms, want=n)
+        grant = (await run_calls(self.client, [call], queue=self.name))[0]
+        self.last_grant_denied = grant.granted == 0
+        if grant.granted == 0:
+            await asyncio.sleep(max(grant.window_left_ms, 1) / 1000)
+        return int(grant.granted)
+
+    async def _batch_dispatcher(self) -> None:
+        intake, batch = self.intake, self.batch
+        assert batch is not None
+        concurrency = self.options.concurrency
+        while not self.closing:
+            await intake.wait_for(
+                lambda: self.closing or (bool(intake.buffer) and self.batches_active < concurrency)
+            )
+            if len(intake.buffer) < batch.max_size and not self.closing:
+                # Gather: up to max_size, for at most max_wait from the first entry.
+                await intake.wait_for(
+                    lambda: self.closing or len(intake.buffer) >= batch.max_size,
+                    timeout_s=batch.max_wait_s,
+                )
+            if self.closing:
+                return
+            if await self.pause():
+                self._hand_back(intake.drain())
+                continue
+            n = await self._take_tokens(min(len(intake.buffer), batch.max_size,
+                                            intake.free_slots()))
+            entries = [e for e in (intake.take() for _ in range(n)) if e is not None]
+            if entries and not self.closing:
+                self._start_batch(entries)
+
+    def _start_batch(self, entries: list[Entry]) -> None:
+        self.batches_active += 1
+        self.started_total += len(entries)
+        self.last_started = time.monotonic()
+        self.hooks.active_changed(self.name, self.intake.active)
+        task = asyncio.get_running_loop().create_task(self._guarded_batch(entries))
+        self._jobs.add(task)
+        task.add_done_callback(self._jobs.discard)
+
+    async def _guarded_batch(self, entries: list[Entry]) -> None:
+        freed = 0
+
+        def free() -> None:
+            nonlocal freed
+            freed += 1
+            self.intake.finished()
+
+        try:
+            await run_batch(self.runner, [(self.shards[e.shard], e) for e in entries], free=free)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            _log.exception("unexpected error processing a batch", extra={"queue": self.name})
+            for e in entries:  # left to stall and be reclaimed (see _guarded)
+                self.held.discard(e.shard, e.entry_id)
+        finally:
+            for _ in range(len(entries) - freed):
+                self.intake.finished()
+            self.batches_active -= 1
+            self.intake.wake()
+            self.hooks.active_changed(self.name, self.intake.active)
 
     def _start(self, entry: Entry) -> None:
         self.started_total += 1
