@@ -22,9 +22,12 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from streamq._redis import Call
 from streamq.errors import ForeignConsumerGroup
 from streamq.keys import ShardKeys
 from streamq.runtime.context import LaneContext
+from streamq.runtime.settle import Rider
+from streamq.scripts import script
 
 __all__ = ["Entry", "Intake", "Reader", "check_foreign_groups", "ensure_groups"]
 
@@ -237,6 +240,8 @@ class Reader:
         on_ok: Callable[[], None],
         closing: Callable[[], bool],
         readers: int = 1,
+        paused_now: Callable[[], bool] = lambda: False,
+        settling: Callable[[], bool] = lambda: False,
     ) -> None:
         self.ctx = ctx
         self.intake = intake
@@ -248,6 +253,9 @@ class Reader:
         self.on_ok = on_ok
         self.closing = closing
         self.readers = readers
+        self.paused_now = paused_now
+        self.settling = settling
+        self.rides = 0
         self._by_stream = {s.stream.encode(): s for s in self.shards}
         self._rotate = 0
         self.reads = 0
@@ -258,7 +266,10 @@ class Reader:
         # read per freed slot (a round trip per job under staggered completions).
         intake = self.intake
         room = intake.room()
-        return room >= self.refill_at or (room > 0 and not intake.buffer and intake.active == 0)
+        if room > 0 and not intake.buffer and intake.active == 0:
+            return True  # the lane would go idle
+        # While settles are on their way the next read rides with them (see rider()).
+        return room >= self.refill_at and (self.readers > 1 or not self.settling())
 
     async def run(self) -> None:
         """Read until the lane closes; errors propagate to the supervisor."""
@@ -287,7 +298,10 @@ class Reader:
             # A cluster reader of one shard: reserve part of the shared room.
             share = max(1, room // self.readers)
             block = self.ctx.options.block_timeout_ms if room >= self.readers else SCARCE_BLOCK_MS
-            await self._read(self.shards, share, block, reserve=share)
+            if not await self._read(self.shards, share, block, reserve=share):
+                # Let the readers of other shards take the room before reserving it again:
+                # without this yield one reader of an empty shard keeps it all.
+                await asyncio.sleep(0)
             return
         if room >= n_shards:
             await self._read(self.shards, room // n_shards, self.ctx.options.block_timeout_ms,
@@ -314,7 +328,10 @@ class Reader:
             self.intake.unreserve(reserve)
         self.reads += 1
         self.on_ok()
-        entries = self._entries(reply)
+        return self._keep(self._entries(reply))
+
+    def _keep(self, entries: list[Entry]) -> int:
+        """Hold what a read returned: up to the room, the excess handed back at once."""
         if not entries:
             return 0
         room = max(0, self.intake.room())
@@ -325,6 +342,40 @@ class Reader:
         if excess:
             self.on_excess(excess)
         return len(entries)
+
+    def rider(self) -> Rider | None:
+        """A non-blocking read of the lane's room, to send with a settle flush.
+
+        Under load a flush goes every few ms: the next entries come back in the same round
+        trip as the acknowledgements, instead of a blocking read of their own. Not on a
+        cluster (each shard is on its own node) nor while the lane is paused or closing.
+        """
+        if self.readers != 1 or self.closing() or self.paused_now():
+            return None
+        room = self.intake.room()
+        if room <= 0:
+            return None
+        n_shards = len(self.shards)
+        if room >= n_shards:
+            shards, count = self.shards, room // n_shards
+        else:
+            start = self._rotate % n_shards
+            self._rotate += room
+            shards, count = [self.shards[(start + i) % n_shards] for i in range(room)], 1
+        self.intake.reserve(room)
+        streams = [s.stream for s in shards]
+        command: tuple[str | int, ...] = ("XREADGROUP", "GROUP", self.ctx.group, self.ctx.consumer, "COUNT", count,
+                   "STREAMS", *streams, *([">"] * len(streams)))
+
+        def done(reply: Any) -> None:
+            self.intake.unreserve(room)
+            if isinstance(reply, BaseException):
+                return  # the blocking reader sees the same problem and handles it
+            self.rides += 1
+            self._keep(self._entries(reply))
+
+        # A plain command, not a script: the Call's script is only consulted on NOSCRIPT.
+        return Rider(Call(script("complete"), (), (), command=command), done)
 
     def _entries(self, reply: Any) -> list[Entry]:
         if not reply:

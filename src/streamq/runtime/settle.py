@@ -2,9 +2,11 @@
 
 Completions of one shard become one ``complete`` call, releases likewise; retries and dead
 letters are one call each; all of a flush go in one pipelined round trip. At most one flush is
-in flight: settles that arrive meanwhile join the next one, sent as soon as it returns. After
-an idle spell the first settle waits up to ``settle_delay`` (2 ms by default) for others, so
-jobs that finish at staggered times (processors doing real I/O) still share a call.
+in flight: settles that arrive meanwhile join the next one. A flush goes once ``concurrency``
+settles are pending, or ``settle_delay`` (2 ms by default) after the first, so jobs that finish
+at staggered times (processors doing real I/O) still share a call. The lane's next read rides
+in the same round trip (a non-blocking ``XREADGROUP``, see :class:`Rider`): under load, one
+round trip settles a batch and fetches the next.
 
 Every call carries a token. A call whose reply was lost (connection dropped, Redis restarted
 after the write) is sent again with the **same** token, and the script answers with the reply
@@ -21,14 +23,14 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from streamq import ops
 from streamq._redis import Call, run_calls_each
 from streamq.keys import ShardKeys
 from streamq.runtime.context import LaneContext, new_token
 
-__all__ = ["SettleOp", "Settler"]
+__all__ = ["Rider", "SettleOp", "Settler"]
 
 _log = logging.getLogger("streamq.worker")
 
@@ -50,6 +52,15 @@ class SettleOp:
     entry_id: str
     build: Callable[[str], Call] | None = None
     then: Callable[[Status | None], None] | None = None
+
+
+@dataclass(slots=True)
+class Rider:
+    """A call sent in the same round trip as a flush (the lane's next read), and what to do
+    with its reply (or the exception that call or the round trip got)."""
+
+    call: Call
+    done: Callable[[Any], None]
 
 
 @dataclass(slots=True)
@@ -82,27 +93,34 @@ class Settler:
         batch_target: int = 1,
     ) -> None:
         self.ctx = ctx
-        # After an idle spell, the first settle waits up to delay_s for company unless
-        # batch_target settles are already pending: jobs that finish at staggered times
-        # (real I/O) share one call instead of one call each.
+        # A settle waits up to delay_s for company unless batch_target settles are pending:
+        # jobs that finish at staggered times (real I/O) share one call instead of one each.
         self.delay_s = delay_s
-        self.batch_target = batch_target
+        self.batch_target = max(1, batch_target)
         self.on_settled = on_settled
         self.on_error = on_error
         self.on_ok = on_ok
+        self.rider: Callable[[], Rider | None] | None = None
         self._pending: list[SettleOp] = []
         self._resend: list[_Sent] = []
+        self._first_at = 0.0
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self.flushes = 0
         self.resends = 0
+        self.rides = 0
 
     def submit(self, op: SettleOp) -> None:
         """Queue ``op`` for the next flush."""
-        self._pending.append(op)
-        self._idle.clear()
-        self._wake.set()
+        pending = self._pending
+        pending.append(op)
+        if len(pending) == 1:
+            self._first_at = asyncio.get_running_loop().time()
+            self._idle.clear()
+            self._wake.set()
+        elif len(pending) >= self.batch_target:
+            self._wake.set()
 
     @property
     def pending(self) -> int:
@@ -121,14 +139,29 @@ class Settler:
             self.abandon()
             raise
 
+    async def _gather(self) -> None:
+        """Wait until batch_target settles are pending, or delay_s after the first one."""
+        loop = asyncio.get_running_loop()
+        deadline = self._first_at + self.delay_s
+        while len(self._pending) < self.batch_target:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except TimeoutError:
+                return
+
     async def _run(self) -> None:
         delay = 0.05
         while True:
             if not self._pending and not self._resend:
                 self._idle.set()
+                self._wake.clear()
                 await self._wake.wait()
-                if self.delay_s > 0 and len(self._pending) < self.batch_target:
-                    await asyncio.sleep(self.delay_s)
+            if self.delay_s > 0 and not self._resend:
+                await self._gather()
             self._wake.clear()
             try:
                 failed = await self._flush()
@@ -181,18 +214,26 @@ class Settler:
         batch, self._pending = self._pending, []
         todo = self._resend + self._build(batch)
         self._resend = []
+        ride = self.rider() if self.rider is not None and todo else None
+        calls = [s.call for s in todo]
+        if ride is not None:
+            calls.append(ride.call)
         try:
-            replies = await run_calls_each(self.ctx.client, [s.call for s in todo],
-                                           queue=self.ctx.name)
-        except BaseException:
+            replies = await run_calls_each(self.ctx.client, calls, queue=self.ctx.name)
+        except BaseException as exc:
             for s in todo:
                 s.tries += 1
             self._resend = todo + self._resend
             if any(s.tries > 1 for s in todo):
                 self.resends += 1
+            if ride is not None:
+                ride.done(exc)
             raise
         self.flushes += 1
         self.on_ok()
+        if ride is not None:
+            self.rides += 1
+            ride.done(replies.pop())
         failed = False
         for s, reply in zip(todo, replies, strict=True):
             if isinstance(reply, BaseException):

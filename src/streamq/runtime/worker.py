@@ -127,7 +127,7 @@ class Worker:
             max_workers=options.concurrency + 4, thread_name_prefix=f"streamq-{lane.name}"
         )
         self.settler = Settler(ctx, on_settled=self._settled, on_error=self._redis_error,
-                               on_ok=self.status.ok, delay_s=options.settle_delay_s,
+                               on_ok=self._flushed, delay_s=options.settle_delay_s,
                                batch_target=options.concurrency * per_slot)
         self.renewer = LockRenewer(
             renew_client, self.held, queue=lane.name, group=group, consumer=consumer,
@@ -226,8 +226,12 @@ class Worker:
                 self.ctx, self.intake, client, shards, is_paused=self.pause,
                 on_excess=self._hand_back, on_taken=self._hold, on_ok=self.status.ok,
                 closing=self._is_closing, readers=len(groups),
+                paused_now=lambda: self.pause.value,
+                settling=lambda: self.settler.pending > 0,
             )
             self.readers.append(reader)
+            if len(groups) == 1:
+                self.settler.rider = reader.rider
             sup.spawn(f"reader-{i}" if len(groups) > 1 else "reader", reader.run)
         self._started = True
 
@@ -426,6 +430,10 @@ class Worker:
             extra={"queue": self.name, "shard": op.shard.name, "entry_id": op.entry_id,
                    "settle": op.kind},
         )
+
+    def _flushed(self) -> None:
+        self.status.ok()
+        self.intake.wake()  # a reader that left the read to the flush re-checks its room
 
     def _redis_error(self, exc: BaseException) -> None:
         self.status.error(self.name, exc, task="settler")
