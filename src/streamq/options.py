@@ -98,9 +98,9 @@ class WorkerOptions:
         block_timeout: longest blocking read, so a dead connection is noticed.
         dead_letter_cap: approximate cap of each shard's dead-letter stream (0: uncapped).
         promote_interval: longest wait between checks for due delayed jobs.
-        settle_delay: after an idle spell, how long a finished job's acknowledgement waits
-            for others to share its Redis call (0: send at once). The job's slot is free
-            meanwhile; only the confirmation waits.
+        settle_delay: how long a finished job's acknowledgement waits for others to share
+            its Redis call, unless ``concurrency`` are already waiting (0: send at once). The
+            job's slot is free meanwhile; only the confirmation waits.
     """
 
     concurrency: int = 1
