@@ -7,7 +7,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any
@@ -30,6 +30,7 @@ from streamq import (
     PayloadTooLarge,
     QueueContract,
     RedisOutOfMemory,
+    RedisRefused,
     RedisUnavailable,
     SyncQueue,
     UnknownJob,
@@ -718,6 +719,129 @@ async def test_add_bulk_splits_batches_by_payload_bytes(
     assert len(ids) == 20
     assert round_trips >= 3  # 20 MiB never goes out as one request
     assert sum(map(len, await shard_entries(aredis, prefix))) == 20
+
+
+async def test_add_bulk_stamps_each_job_with_the_time_of_its_batch(
+    queue: AsyncQueue[Ingestion], aredis: aioredis.Redis, prefix: str
+) -> None:
+    before = int(time.time() * 1000)
+    ids = await queue.add_bulk(JobRequest(Ingestion.ingest_event, ev(i)) for i in range(700))
+    after = int(time.time() * 1000)
+    jobs = [decode_entry(eid, f) for s in await shard_entries(aredis, prefix) for eid, f in s]
+    assert sorted(j.id for j in jobs) == sorted(ids)
+    assert all(before <= j.timestamp_ms <= after for j in jobs)
+    assert {j.attempt for j in jobs} == {1}
+
+
+class Counting(Hooks):
+    """Counts adds only: no trace context, so the producer skips enqueue_context."""
+
+    def __init__(self) -> None:
+        self.enqueued_on: list[str] = []
+        self.duplicates = 0
+
+    def enqueued(self, queue: str, shard: str, job_name: str, *, delayed: bool) -> None:
+        self.enqueued_on.append(shard)
+
+    def enqueue_duplicate(self, queue: str, shard: str, job_name: str) -> None:
+        self.duplicates += 1
+
+
+async def test_add_bulk_reports_every_job_and_duplicate_to_counting_hooks(
+    aredis: aioredis.Redis, prefix: str
+) -> None:
+    hooks = Counting()
+    q = AsyncQueue(Ingestion, aredis, prefix=prefix, hooks=hooks)
+    requests = [JobRequest(Ingestion.ingest_event, ev(i)) for i in range(8)]
+    requests += [JobRequest(Ingestion.ingest_event, ev(9), job_id="twice")] * 2
+    ids = await q.add_bulk(requests)
+    assert len(ids) == 10
+    assert hooks.duplicates == 1
+    assert sorted(hooks.enqueued_on) == sorted(
+        ["ingestion", "ingestion-1", "ingestion-2", "ingestion-3"] * 2
+        + [f"ingestion-{shard_index('twice', 4)}".replace("ingestion-0", "ingestion")]
+    )
+
+
+class Custom(BaseModel):
+    n: int
+
+    def model_dump_json(self, **kwargs: Any) -> str:  # type: ignore[override]
+        return json.dumps({"n": self.n, "via": "override"})
+
+
+class CustomQueue(QueueContract, name="custom"):
+    c = job("c", Custom)
+
+
+def test_a_model_overriding_model_dump_json_is_written_as_its_override_writes_it(
+    sredis: redis.Redis, prefix: str
+) -> None:
+    q = SyncQueue(CustomQueue, sredis, prefix=prefix)
+    q.add_bulk([JobRequest(CustomQueue.c, Custom(n=1))])
+    q.add(CustomQueue.c, Custom(n=2))
+    stream = QueueKeys(prefix, "custom", 1).shards[0].stream
+    assert [json.loads(f[b"payload"]) for _, f in sredis.xrange(stream)] == [
+        {"n": 1, "via": "override"},
+        {"n": 2, "via": "override"},
+    ]
+
+
+# -- each shard's part of a bulk batch lands whole or not at all ----------------------------------
+
+
+@pytest.fixture
+def tight_server() -> Iterator[RedisServer]:
+    """A redis-server of this test's own, empty, with a 3 MB maxmemory under noeviction."""
+    binary = find_binary()
+    if binary is None:
+        pytest.skip("no redis-server binary")
+    server = RedisServer(
+        binary, extra=["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]
+    ).start()
+    yield server
+    server.stop(kill=True)
+
+
+def test_redis_filling_up_mid_batch_lands_each_shards_part_whole_or_not_at_all(
+    tight_server: RedisServer,
+) -> None:
+    r = redis.Redis(port=tight_server.port)
+    rec = Recorder()
+    q = SyncQueue(Ingestion, r, prefix="tight", hooks=rec)
+    accepted: list[str] = []
+    try:
+        with pytest.raises(RedisOutOfMemory):  # noqa: PT012
+            for _ in range(100):
+                accepted += q.add_bulk(
+                    JobRequest(Ingestion.ingest_event, ev(i, body="x" * 400)) for i in range(500)
+                )
+        shards = QueueKeys("tight", "ingestion", 4).shards
+        lengths = [r.xlen(sk.stream) for sk in shards]
+        landed = [f[b"id"].decode() for sk in shards for _, f in r.xrange(sk.stream)]
+    finally:
+        r.close()
+    # A shard's part that Redis started under maxmemory ran to its end, however far past the
+    # limit it went; one started over the limit was refused before writing anything. Each
+    # batch of 500 puts 125 jobs on each of the 4 shards: a shard holds whole parts only.
+    assert len(accepted) >= 500
+    assert all(n % 125 == 0 for n in lengths), lengths
+    assert set(accepted) <= set(landed)
+    assert len(set(landed)) == len(landed)
+    assert len(rec.of("enqueued")) == len(accepted)
+    assert len(rec.of("rejected")) == 500
+
+
+async def test_a_stream_key_of_the_wrong_type_refuses_its_shards_part_and_nothing_of_it_lands(
+    queue: AsyncQueue[Ingestion], aredis: aioredis.Redis, prefix: str
+) -> None:
+    shards = QueueKeys(prefix, "ingestion", 4).shards
+    await aredis.set(shards[2].stream, "not a stream")
+    with pytest.raises(RedisRefused, match="WRONGTYPE"):
+        await queue.add_bulk(JobRequest(Ingestion.ingest_event, ev(i)) for i in range(40))
+    assert await aredis.get(shards[2].stream) == b"not a stream"
+    # The other shards' parts are calls of their own: they landed whole (documented).
+    assert [await aredis.xlen(shards[i].stream) for i in (0, 1, 3)] == [10, 10, 10]
 
 
 # -- the sync twin --------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from itertools import chain
-from typing import Any
+from typing import Any, Protocol
 
 from streamq._redis import Call
 from streamq.envelope import FIELD_NAMES, flat_fields
@@ -21,6 +21,7 @@ from streamq.scripts import script
 __all__ = [
     "SETTLE_MEMO_MS",
     "EnqueueItem",
+    "EnqueueJob",
     "LimiterGrant",
     "PromoteResult",
     "ReclaimPage",
@@ -76,11 +77,31 @@ class EnqueueItem:
     member: str | None = None
 
 
+class EnqueueJob(Protocol):
+    """What :func:`enqueue` and :func:`enqueue_ready` read of a job: an :class:`EnqueueItem`,
+    or a producer's own record of the job with these attributes (no copy per job)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def values(self) -> Sequence[str | bytes]: ...
+
+    @property
+    def delay_ms(self) -> int: ...
+
+    @property
+    def dedup(self) -> bool: ...
+
+    @property
+    def member(self) -> str | None: ...
+
+
 def _added(_reply: Any) -> list[bool]:
     return [True]
 
 
-def enqueue_ready(shard: ShardKeys, item: EnqueueItem) -> Call:
+def enqueue_ready(shard: ShardKeys, item: EnqueueJob) -> Call:
     """Enqueue one ready job that has no dedup marker: a plain ``XADD`` of the fields, names
     and order exactly as :func:`enqueue`'s script writes them. Reply: ``[True]``.
 
@@ -94,7 +115,21 @@ def enqueue_ready(shard: ShardKeys, item: EnqueueItem) -> Call:
     return Call(script("enqueue"), (stream,), (), _added, command=("XADD", stream, "*", *fields))
 
 
-def enqueue(shard: ShardKeys, items: Sequence[EnqueueItem], *, dedup_window_ms: int) -> Call:
+_NF = len(FIELD_NAMES)
+_READY = ("", 0, 0)
+"""member, delay ms and dedup flag of a ready job without a dedup marker."""
+
+
+def _member_args(it: EnqueueJob, dedup: int) -> tuple[str, int, int]:
+    member = "" if it.delay_ms <= 0 else it.member or delayed_member(it.job_id)
+    return member, it.delay_ms, dedup
+
+
+def _bools(reply: Any) -> list[bool]:
+    return [bool(x) for x in reply]
+
+
+def enqueue(shard: ShardKeys, items: Sequence[EnqueueJob], *, dedup_window_ms: int) -> Call:
     """Enqueue ``items`` on one shard atomically. Reply: one bool per item (False: duplicate).
 
     A delayed item is stored under its unique ``member`` (drawn here when it has none), so
@@ -102,20 +137,23 @@ def enqueue(shard: ShardKeys, items: Sequence[EnqueueItem], *, dedup_window_ms: 
     of the same call (a lost reply) writes the same members again, not new ones.
     """
     keys = [shard.stream, shard.delayed, shard.jobs]
-    args: list[Any] = [dedup_window_ms, len(FIELD_NAMES), *FIELD_NAMES]
+    args: list[Any] = [dedup_window_ms, _NF, *FIELD_NAMES]
+    extend = args.extend
     for it in items:
-        if len(it.values) != len(FIELD_NAMES):
+        values = it.values
+        if len(values) != _NF:
             # The script reads a fixed number of values per job: a short list would shift
             # every later job's arguments.
-            raise ValueError(
-                f"job {it.job_id!r}: expected {len(FIELD_NAMES)} field values, "
-                f"got {len(it.values)}"
-            )
+            raise ValueError(f"job {it.job_id!r}: expected {_NF} field values, got {len(values)}")
         if it.dedup:
             keys.append(shard.dedup(it.job_id))
-        member = "" if it.delay_ms <= 0 else it.member or delayed_member(it.job_id)
-        args.extend((member, it.delay_ms, 1 if it.dedup else 0, *it.values))
-    return Call(script("enqueue"), keys, args, lambda r: [bool(x) for x in r])
+            extend(_member_args(it, 1))
+        elif it.delay_ms > 0:
+            extend(_member_args(it, 0))
+        else:
+            extend(_READY)  # the common case of a bulk add: ready now, no marker
+        extend(values)
+    return Call(script("enqueue"), keys, args, _bools)
 
 
 class SettleStatus(IntEnum):
