@@ -70,6 +70,13 @@ class App:
             *contracts
         )
         self.registrations: dict[str, Registration] = {}
+        self.services: list[Any] = []
+        """Services run beside the consumers (:mod:`streamq.services`); ``register_app``
+        hands them to the manager."""
+
+    def add_service(self, service: Any) -> None:
+        """Run ``service`` (a :class:`streamq.services.Service`) in every worker of this app."""
+        self.services.append(service)
 
     def processor(
         self,

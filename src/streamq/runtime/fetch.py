@@ -364,8 +364,10 @@ class Reader:
             shards, count = [self.shards[(start + i) % n_shards] for i in range(room)], 1
         self.intake.reserve(room)
         streams = [s.stream for s in shards]
-        command: tuple[str | int, ...] = ("XREADGROUP", "GROUP", self.ctx.group, self.ctx.consumer, "COUNT", count,
-                   "STREAMS", *streams, *([">"] * len(streams)))
+        command: tuple[str | int, ...] = (
+            "XREADGROUP", "GROUP", self.ctx.group, self.ctx.consumer, "COUNT", count,
+            "STREAMS", *streams, *([">"] * len(streams)),
+        )
 
         def done(reply: Any) -> None:
             self.intake.unreserve(room)

@@ -38,6 +38,7 @@ from streamq.hooks import Hooks
 from streamq.options import WorkerOptions
 from streamq.runtime.supervise import RedisStatus
 from streamq.runtime.worker import Worker
+from streamq.services import Service
 
 __all__ = ["WorkerManager"]
 
@@ -91,6 +92,9 @@ class WorkerManager:
         self.refuse_incompatible_contract = refuse_incompatible_contract
         self.redis_status = RedisStatus(self.hooks)
         self._pending: dict[str, tuple[Lane, Registration, WorkerOptions]] = {}
+        self._services: list[Service] = []
+        self._started_services: list[Service] = []
+        self.state: Any = None
         self._workers: dict[str, Worker] = {}
         self._clients: list[Any] = []
         self._sync_clients: list[Any] = []
@@ -161,6 +165,9 @@ class WorkerManager:
         names = list(queues) if queues is not None else [
             r.contract.primary.name for r in app.registrations.values()
         ]
+        for service in app.services:
+            if all(s is not service for s in self._services):
+                self.add_service(service)
         for name in names:
             reg = app.registration(name)
             if reg is None:
@@ -170,6 +177,18 @@ class WorkerManager:
             opts = reg.options.merged(**dict((overrides or {}).get(name, {})))
             self.register(lane, reg, opts)
         return names
+
+    def add_service(self, service: Service) -> None:
+        """Run ``service`` in this process beside the consumers (see :mod:`streamq.services`).
+
+        Raises:
+            RegistrationError: the manager started, or a service of that name is added.
+        """
+        if self.started:
+            raise RegistrationError("add services before start()")
+        if any(s.name == service.name for s in self._services):
+            raise RegistrationError(f"a service named {service.name!r} is already added")
+        self._services.append(service)
 
     def registered_queue_names(self) -> list[str]:
         """Lane names registered, in registration order."""
@@ -268,6 +287,7 @@ class WorkerManager:
             for w in self._workers.values():
                 await self._check_contract(client, w)
                 await w.start()
+            await self._start_services(client)
         except BaseException:
             await self.close_workers()
             raise
@@ -294,8 +314,28 @@ class WorkerManager:
             _log.error(msg + "; starting anyway as configured", extra={"queue": w.name})
         await fingerprint.record_contract(client, keys, w.contract)
 
+    async def _start_services(self, client: Any) -> None:
+        from streamq.services import ServiceContext
+
+        ctx = ServiceContext(
+            client=client, sync_client=self._sync_client,
+            async_client=lambda: self._async_client(socket_timeout=10), prefix=self.prefix,
+            consumer=self.consumer, hooks=self.hooks, status=self.redis_status,
+            lanes=list(self._workers), state=self.state,
+        )
+        for service in self._services:
+            self._started_services.append(service)
+            await service.start(ctx)
+
     async def close_workers(self, timeout_s: float | None = None) -> None:
-        """Graceful shutdown of every worker (see :meth:`Worker.close`), then disconnect."""
+        """Graceful shutdown: services first, then every worker (see :meth:`Worker.close`),
+        then disconnect."""
+        services, self._started_services = self._started_services, []
+        for service in reversed(services):
+            try:
+                await service.close()
+            except Exception:
+                _log.exception("service failed to close", extra={"service": service.name})
         await asyncio.gather(*(w.close(timeout_s) for w in self._workers.values()))
         for c in self._clients:
             await c.aclose()
