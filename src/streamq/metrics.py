@@ -3,6 +3,10 @@
 Every series is labelled by bounded values only: queue (lane), shard, job name, outcome,
 reason. Job ids and tenants never become labels. ``docs/observability.md`` lists every metric.
 
+Several worker processes on one machine (``python -m worker`` with ``WORKER_PROCESSES`` > 1)
+use prometheus-client's multiprocess mode: each gauge says how the processes' values combine
+(:data:`GAUGE_MODES`), counters and histograms are summed.
+
 Example::
 
     hooks = PrometheusHooks()                      # its own CollectorRegistry
@@ -14,7 +18,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -26,7 +30,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from streamq.errors import JobTimeout, PermanentError
 from streamq.hooks import DeadReason, Hooks, JobInfo, Outcome
 
-__all__ = ["DEAD_REASONS", "PROCESSING_BUCKETS", "WAIT_BUCKETS", "PrometheusHooks"]
+__all__ = ["DEAD_REASONS", "GAUGE_MODES", "PROCESSING_BUCKETS", "WAIT_BUCKETS",
+           "PrometheusHooks"]
 
 DEAD_REASONS: tuple[str, ...] = (
     "error",
@@ -46,6 +51,24 @@ PROCESSING_BUCKETS: tuple[float, ...] = (
 )
 ALL_SHARDS = "all"
 """The ``shard`` label of a queue-wide aggregate."""
+
+GaugeMode = Literal["livesum", "livemax", "livemostrecent"]
+GAUGE_MODES: dict[str, GaugeMode] = {
+    # Jobs running in each process: the machine runs their sum.
+    "jobs_active": "livesum",
+    # Every process polls the same queues: the latest reading is the depth.
+    "queue_ready": "livemostrecent",
+    "queue_delayed": "livemostrecent",
+    "queue_in_flight": "livemostrecent",
+    "queue_dead": "livemostrecent",
+    "queue_oldest_ready_age_seconds": "livemostrecent",
+    "queue_consumers": "livemostrecent",
+    # A late timer in any process is the one to see.
+    "event_loop_lag_seconds": "livemax",
+}
+"""How each gauge (name without namespace) combines over processes in multiprocess mode
+(``PROMETHEUS_MULTIPROC_DIR``); ``live*``: a dead process's value is dropped once it is
+marked dead. Outside multiprocess mode this is ignored."""
 
 _FAILED_OUTCOMES = frozenset({"retried", "failed"})
 
@@ -88,7 +111,8 @@ class PrometheusHooks(Hooks):
             return Counter(f"{ns}_{name}", doc, labels, registry=r)
 
         def gauge(name: str, doc: str, labels: Sequence[str]) -> Gauge:
-            return Gauge(f"{ns}_{name}", doc, labels, registry=r)
+            return Gauge(f"{ns}_{name}", doc, labels, registry=r,
+                         multiprocess_mode=GAUGE_MODES[name])
 
         qsj = ("queue", "shard", "job")
         qs = ("queue", "shard")
@@ -137,8 +161,8 @@ class PrometheusHooks(Hooks):
         self.oldest_ready = gauge("queue_oldest_ready_age_seconds", "Age of the oldest job "
                                   "not yet delivered.", qs)
         self.consumers = gauge("queue_consumers", "Consumers in the group.", qs)
-        self.loop_lag = Gauge(f"{ns}_event_loop_lag_seconds", "How late an event-loop timer "
-                              "of this process fired.", registry=r)
+        self.loop_lag = gauge("event_loop_lag_seconds", "How late an event-loop timer of this "
+                              "process fired.", ())
 
     def _child(self, metric: Any, *labels: str) -> Any:
         # labels() takes a lock and builds a tuple on every call; jobs hit a few children often.

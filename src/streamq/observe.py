@@ -23,7 +23,7 @@ import contextlib
 import importlib.util
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -39,7 +39,10 @@ __all__ = [
     "JobLogHooks",
     "ObservabilityConfig",
     "ObservabilityServer",
+    "Response",
     "build_hooks",
+    "json_response",
+    "serve_http",
     "start",
 ]
 
@@ -259,6 +262,43 @@ def _walk(hooks: Hooks) -> Iterator[Hooks]:
 # -- HTTP ------------------------------------------------------------------------------------
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 Response = tuple[int, str, bytes]
+"""``(status, content type, body)`` of one HTTP response."""
+Route = Callable[[str, str], Awaitable[Response]]
+"""``route(method, path)``: the response to one request."""
+
+
+async def serve_http(route: Route, host: str, port: int) -> asyncio.Server:
+    """Serve HTTP/1.x on ``host:port``, one request per connection, each answered with
+    ``await route(method, path)`` (the query string left out; ``HEAD`` gets no body).
+
+    Raises:
+        OSError: the port cannot be bound.
+    """
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(_read_head(reader), 5.0)
+            if request is None:
+                return
+            method, path = request
+            status, ctype, body = await route(method, path)
+            head = (
+                f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n"
+                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Cache-Control: no-store\r\nConnection: close\r\n\r\n"
+            ).encode("latin-1")
+            writer.write(head if method == "HEAD" else head + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError, ValueError):
+            pass
+        except Exception:
+            _log.exception("observability request failed")
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    return await asyncio.start_server(handle, host, port)
 
 
 class ObservabilityServer:
@@ -279,7 +319,10 @@ class ObservabilityServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def serve(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._handle, host, port)
+        async def route(method: str, path: str) -> Response:
+            return self.route(method, path)
+
+        self._server = await serve_http(route, host, port)
 
     async def close(self) -> None:
         """Stop serving and polling."""
@@ -307,9 +350,9 @@ class ObservabilityServer:
         if path == "/metrics":
             return self._metrics()
         if path in ("/healthz", "/livez"):
-            return _json(*self.monitor.liveness())
+            return json_response(*self.monitor.liveness())
         if path == "/readyz":
-            return _json(*self.monitor.readiness())
+            return json_response(*self.monitor.readiness())
         return 404, "text/plain; charset=utf-8", b"not found: try /metrics, /healthz, /readyz\n"
 
     def _metrics(self) -> Response:
@@ -320,29 +363,6 @@ class ObservabilityServer:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(_read_head(reader), 5.0)
-            if request is None:
-                return
-            method, path = request
-            status, ctype, body = self.route(method, path)
-            head = (
-                f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n"
-                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                "Cache-Control: no-store\r\nConnection: close\r\n\r\n"
-            ).encode("latin-1")
-            writer.write(head if method == "HEAD" else head + body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError, ValueError):
-            pass
-        except Exception:
-            _log.exception("observability request failed")
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str] | None:
@@ -358,7 +378,8 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str] | None:
     return parts[0].upper(), parts[1].split("?", 1)[0]
 
 
-def _json(ok: bool, detail: dict[str, Any]) -> Response:
+def json_response(ok: bool, detail: dict[str, Any]) -> Response:
+    """``{"status": "ok" | "fail", **detail}`` with 200 when ``ok``, else 503."""
     body = json.dumps({"status": "ok" if ok else "fail", **detail}, default=str).encode()
     return (200 if ok else 503), "application/json", body + b"\n"
 

@@ -11,8 +11,9 @@ and a message naming it, and so does an app that fails to import or a configurat
 refuses at start (see :mod:`worker.failures`). SIGTERM or SIGINT shuts down gracefully
 (running jobs finish up to their queue's shutdown timeout, the rest are handed back) and
 exits 0; a second signal stops at once (exit 1). Without ``REDIS_URL`` an embedded Redis is
-started (or reused) for local use. ``--help`` lists every variable; see also
-``docs/configuration.md``.
+started (or reused) for local use. With ``WORKER_PROCESSES`` > 1 this process becomes the
+supervisor of that many worker processes (:mod:`worker.supervisor`). ``--help`` lists every
+variable; see also ``docs/configuration.md``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from streamq.app import App
 from streamq.errors import ConfigurationError
@@ -34,6 +35,7 @@ from streamq.observe import ObservabilityConfig, ObservabilityServer, build_hook
 from streamq.runtime.manager import WorkerManager
 from worker.failures import EXIT_FAILED, EXIT_OK, EXIT_USAGE, explain
 from worker.logs import configure_logging
+from worker.loops import loop_factory, loop_name
 from worker.settings import (
     AppImportError,
     Settings,
@@ -43,7 +45,7 @@ from worker.settings import (
 )
 from worker.usage import usage
 
-__all__ = ["Shutdown", "main", "run"]
+__all__ = ["Shutdown", "exit_process", "main", "resolve_redis_url", "run", "run_loop"]
 
 _log = logging.getLogger("streamq.worker.main")
 _HELP = ("-h", "--help")
@@ -73,7 +75,8 @@ class Shutdown:
             return None
 
 
-def _redis_url(settings: Settings) -> str:
+def resolve_redis_url(settings: Settings) -> str:
+    """``REDIS_URL``, or the URL of the embedded Redis (started or reused) when it is unset."""
     if settings.redis_url is not None:
         return settings.redis_url
     from streamq.embedded import ensure
@@ -101,9 +104,11 @@ async def run(
     *,
     stop: asyncio.Event | None = None,
     shutdown: Shutdown | None = None,
+    ready: Callable[[int | None], None] | None = None,
 ) -> int:
     """Consume the enabled queues until ``stop`` is set (or SIGTERM/SIGINT). Returns the exit
-    code; ``shutdown`` records how the run ended."""
+    code; ``shutdown`` records how the run ended. ``ready`` is called with the port of
+    ``/metrics`` (None when not serving) once consuming."""
     stop = stop or asyncio.Event()
     shutdown = shutdown if shutdown is not None else Shutdown()
     loop = asyncio.get_running_loop()
@@ -135,7 +140,7 @@ async def run(
         otlp_endpoint=settings.otlp_endpoint,
         service_name=settings.otel_service_name,
     )
-    url = await asyncio.to_thread(_redis_url, settings)
+    url = await asyncio.to_thread(resolve_redis_url, settings)
     manager = WorkerManager(
         redis_url=url,
         cluster=settings.redis_cluster,
@@ -143,6 +148,7 @@ async def run(
         group=settings.worker_group,
         hooks=build_hooks(obs_config),
         allow_unsafe_eviction=settings.allow_unsafe_eviction,
+        refuse_incompatible_contract=settings.refuse_incompatible_contract,
     )
     manager.register_app(app, queues=settings.queues,
                          overrides=worker_overrides(settings, app))
@@ -158,10 +164,14 @@ async def run(
     server = None
     try:
         server = await _serve(manager, obs_config)
+        if ready is not None:
+            ready(server.port)
         _log.info("consuming", extra={"queues": list(settings.queues),
                                       "prefix": settings.redis_prefix,
                                       "group": settings.worker_group,
-                                      "metrics_port": settings.metrics_port})
+                                      "consumer": manager.consumer,
+                                      "event_loop": loop_name(loop),
+                                      "metrics_port": server.port})
         await stop.wait()
     finally:
         if server is not None:
@@ -209,10 +219,24 @@ def main(
         print(f"python -m worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(settings.log_format, settings.log_level)
+    if settings.processes > 1:
+        from worker.supervisor import supervise
+
+        return supervise(settings, app, env)
     shutdown = shutdown if shutdown is not None else Shutdown()
-    runner = asyncio.Runner()
+    return run_loop(settings, lambda: run(settings, app, shutdown=shutdown), shutdown)
+
+
+def run_loop(
+    settings: Settings,
+    main_coro: Callable[[], Coroutine[Any, Any, int]],
+    shutdown: Shutdown,
+) -> int:
+    """Run ``main_coro()`` on the event loop ``WORKER_EVENT_LOOP`` chose; its exit code, or
+    the code of the error it raised (logged in one line)."""
+    runner = asyncio.Runner(loop_factory=loop_factory(settings.event_loop))
     try:
-        return runner.run(run(settings, app, shutdown=shutdown))
+        return runner.run(main_coro())
     except asyncio.CancelledError:
         return EXIT_FAILED
     except Exception as exc:
@@ -239,7 +263,7 @@ def _report(exc: Exception, settings: Settings) -> int:
     return failure.code
 
 
-def _exit(code: int, shutdown: Shutdown) -> None:
+def exit_process(code: int, shutdown: Shutdown) -> None:
     """Exit with ``code``, without waiting for what cannot be waited for.
 
     A sync processor's thread cannot be stopped, and interpreter exit would wait for it,
@@ -280,4 +304,4 @@ def _fate(held: int | None) -> str:
 
 if __name__ == "__main__":
     _last = Shutdown()
-    _exit(main(argv=sys.argv[1:], shutdown=_last), _last)
+    exit_process(main(argv=sys.argv[1:], shutdown=_last), _last)

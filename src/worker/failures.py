@@ -45,6 +45,7 @@ __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "Failure", "explain"]
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+_OVERRIDE_CONTRACT = "WORKER_REFUSE_INCOMPATIBLE_CONTRACT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +140,11 @@ def _typed(exc: BaseException, s: Settings) -> Failure | None:
                        "REDIS_URL")
     if isinstance(exc, IncompatibleContract):
         changes = "; ".join(exc.changes)
-        return Failure(EXIT_USAGE,
-                       f"the app's contracts (WORKER_APP={s.app}) are incompatible: "
-                       f"{_line(exc)}" + (f" ({changes})" if changes else ""), "WORKER_APP")
+        message = (f"the app's contracts (WORKER_APP={s.app}) are incompatible: {_line(exc)}"
+                   + (f" ({changes})" if changes else ""))
+        if _OVERRIDE_CONTRACT not in message:
+            message += f" ({_OVERRIDE_CONTRACT}=false starts anyway, logging the changes)"
+        return Failure(EXIT_USAGE, message, "WORKER_APP")
     if isinstance(exc, RegistrationError | ContractError):
         return Failure(EXIT_USAGE,
                        f"the app (WORKER_APP={s.app}) is invalid: {type(exc).__name__}: "

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,6 +24,7 @@ from typing import Any, Literal, cast
 from streamq.app import App
 from streamq.errors import ConfigurationError
 from streamq.options import Limiter
+from worker.loops import EVENT_LOOPS, EventLoop, uvloop_installed
 from worker.redis_url import check_redis_url
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "QueueOverrides",
     "Settings",
     "SettingsError",
+    "cpu_count",
     "enable_flag",
     "env_name",
     "load_app",
@@ -47,6 +50,8 @@ _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _FLAG_RE = re.compile(r"^QUEUE_CONSUMER_(?P<lane>.+)_IS_ENABLED$")
 
 DEFAULT_EMBEDDED_PORT = 6390
+MAX_PROCESSES = 1024
+MAX_SETTLE_DELAY_S = 0.1
 
 
 class SettingsError(ConfigurationError):
@@ -111,6 +116,34 @@ def _optional_seconds(raw: str) -> float | None:
     return None if raw.strip().lower() == "none" else _seconds(raw)
 
 
+def _settle_delay(raw: str) -> float:
+    value = _seconds(raw, positive=False)
+    if value > MAX_SETTLE_DELAY_S:
+        raise ValueError(f"expected a number of seconds 0..{MAX_SETTLE_DELAY_S} (at most "
+                         f"100 ms), got {raw!r}")
+    return value
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity mask), at least 1.
+
+    Not a container's CPU quota: under a CPU limit, give ``WORKER_PROCESSES`` a number.
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _processes(raw: str) -> int:
+    if raw.strip().lower() == "auto":
+        return cpu_count()
+    try:
+        return _int(raw, 1, MAX_PROCESSES)
+    except ValueError:
+        raise ValueError(f"expected an integer 1..{MAX_PROCESSES} or auto, got {raw!r}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class QueueOption:
     """One ``QUEUE_<QUEUE>_<OPTION>`` override: the option field it sets and its parser."""
@@ -122,6 +155,7 @@ class QueueOption:
 
 QUEUE_OPTIONS: dict[str, QueueOption] = {
     "CONCURRENCY": QueueOption("concurrency", lambda r: _int(r, 1), "int >= 1"),
+    "PREFETCH": QueueOption("prefetch", lambda r: _int(r, 0), "int >= 0"),
     "LOCK_DURATION": QueueOption("lock_duration", _seconds, "seconds"),
     "LOCK_RENEW_INTERVAL": QueueOption("lock_renew_interval", _seconds, "seconds"),
     "STALLED_INTERVAL": QueueOption("stalled_interval", _seconds, "seconds"),
@@ -134,6 +168,7 @@ QUEUE_OPTIONS: dict[str, QueueOption] = {
     "BLOCK_TIMEOUT": QueueOption("block_timeout", _seconds, "seconds"),
     "PROMOTE_INTERVAL": QueueOption("promote_interval", _seconds, "seconds"),
     "DEAD_LETTER_CAP": QueueOption("dead_letter_cap", lambda r: _int(r, 0), "int >= 0"),
+    "SETTLE_DELAY": QueueOption("settle_delay", _settle_delay, "seconds 0..0.1"),
     "LIMITER_MAX": QueueOption("limiter_max", lambda r: _int(r, 0), "int >= 0 (0: no limit)"),
     "LIMITER_DURATION": QueueOption("limiter_duration", _seconds, "seconds"),
 }
@@ -177,11 +212,14 @@ class Settings:
     redis_prefix: str = "streamq"
     redis_cluster: bool = False
     worker_group: str = "streamq"
+    processes: int = 1
+    event_loop: EventLoop = "auto"
     log_format: LogFormat = "auto"
     log_level: str = "INFO"
     metrics_port: int | None = None
     metrics_host: str = "0.0.0.0"
     allow_unsafe_eviction: bool = False
+    refuse_incompatible_contract: bool = True
     data_dir: Path = Path(".streamq")
     embedded_port: int = DEFAULT_EMBEDDED_PORT
     liveness_redis_timeout_s: float = 30.0
@@ -309,12 +347,17 @@ def parse_settings(env: Mapping[str, str], *, lanes: Iterable[str]) -> Settings:
         redis_prefix=r.get("REDIS_PREFIX", str.strip, "streamq"),
         redis_cluster=cluster,
         worker_group=r.get("WORKER_GROUP", str.strip, "streamq"),
+        processes=r.get("WORKER_PROCESSES", _processes, 1),
+        event_loop=_event_loop(r),
         log_format=cast(LogFormat, r.choice("LOG_FORMAT", ("json", "text", "auto"), "auto",
                                             upper=False)),
         log_level=r.choice("LOG_LEVEL", _LEVELS, "INFO", upper=True),
         metrics_port=r.get("METRICS_PORT", lambda v: _int(v, 1, 65535), None),
         metrics_host=r.get("METRICS_HOST", str.strip, "0.0.0.0"),
         allow_unsafe_eviction=r.get("ALLOW_UNSAFE_EVICTION", parse_bool, False),
+        refuse_incompatible_contract=r.get(
+            "WORKER_REFUSE_INCOMPATIBLE_CONTRACT", parse_bool, True
+        ),
         data_dir=r.get("STREAMQ_DATA_DIR", lambda v: Path(v.strip()), Path(".streamq")),
         embedded_port=r.get(
             "STREAMQ_EMBEDDED_PORT", lambda v: _int(v, 1, 65535), DEFAULT_EMBEDDED_PORT
@@ -339,6 +382,17 @@ def parse_settings(env: Mapping[str, str], *, lanes: Iterable[str]) -> Settings:
     if r.problems:
         raise SettingsError(r.problems)
     return settings
+
+
+def _event_loop(r: _Reader) -> EventLoop:
+    choice = cast(EventLoop, r.choice("WORKER_EVENT_LOOP", EVENT_LOOPS, "auto", upper=False))
+    if choice == "uvloop" and not uvloop_installed():
+        r.problems.append((
+            "WORKER_EVENT_LOOP",
+            "uvloop is not installed: pip install 'streamq[uvloop]', or set "
+            "WORKER_EVENT_LOOP=auto (uvloop when installed) or asyncio",
+        ))
+    return choice
 
 
 class AppImportError(SettingsError):

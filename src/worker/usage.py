@@ -35,6 +35,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("REDIS_PREFIX", "string", "streamq", "key prefix; must match the producers'"),
     Variable("WORKER_GROUP", "string", "streamq",
              "consumer group name; workers of one group share the jobs"),
+    Variable("WORKER_PROCESSES", "int 1..1024 | auto", "1",
+             "worker processes to run under one supervisor, each with its own consumer "
+             "name; one that dies is restarted; auto: one per CPU this process may use"),
+    Variable("WORKER_EVENT_LOOP", "auto | asyncio | uvloop", "auto",
+             "uvloop when installed (the uvloop extra), else asyncio's loop; uvloop when it "
+             "is not installed is an error"),
     Variable("LOG_FORMAT", "json | text | auto", "auto",
              "json lines, readable text, or text at a terminal and json otherwise"),
     Variable("LOG_LEVEL", "DEBUG | INFO | WARNING | ERROR | CRITICAL", "INFO",
@@ -52,6 +58,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("OTEL_SDK_DISABLED", "bool", "false", "true turns OTLP export off"),
     Variable("ALLOW_UNSAFE_EVICTION", "bool", "false",
              "start even when Redis's maxmemory-policy is not noeviction"),
+    Variable("WORKER_REFUSE_INCOMPATIBLE_CONTRACT", "bool", "true",
+             "refuse to start when the contract recorded in Redis is incompatible with the "
+             "app's; false logs the breaking changes at ERROR and starts"),
     Variable("STREAMQ_DATA_DIR", "path", ".streamq",
              "data directory of the embedded Redis (only without REDIS_URL)"),
     Variable("STREAMQ_EMBEDDED_PORT", "int 1..65535", "6390",
@@ -65,6 +74,8 @@ usage: python -m worker [-h | --help]
 Runs the consumers of a streamq app. It takes no arguments: it is configured by the
 environment variables below, all checked before anything connects (a bad one exits 2,
 naming it). SIGTERM or SIGINT shuts down gracefully; a second signal stops at once.
+With WORKER_PROCESSES > 1 a supervisor runs that many worker processes and serves
+/metrics, /healthz and /readyz for all of them.
 Every variable is described in docs/configuration.md.
 """
 
@@ -81,6 +92,7 @@ _EXIT = """\
 Exit codes:
   0  stopped by SIGTERM/SIGINT after a graceful shutdown (or --help)
   1  Redis unreachable at start, the worker failed, or a second signal forced the stop
+     (several processes: also a process that had to be killed at shutdown)
   2  bad configuration: a variable, an argument, the app, or what Redis refused at start
 """
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +69,15 @@ def last_line(text: str) -> str:
 
 
 class WorkerProcess:
-    """``python -m worker`` with ``env``; stderr (the logs) goes to ``log_path``."""
+    """``python -m worker`` (or ``command``) with ``env``; stderr (the logs) goes to
+    ``log_path``."""
 
-    def __init__(self, env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(self, env: Mapping[str, str], log_path: Path,
+                 command: Sequence[str] = (sys.executable, "-m", "worker")) -> None:
         self.log_path = log_path
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "worker"], cwd=ROOT, env=dict(env),
+                list(command), cwd=ROOT, env=dict(env),
                 stdout=log, stderr=subprocess.STDOUT,
             )
 
@@ -109,3 +114,69 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+def http_get(port: int, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
+    """``GET http://127.0.0.1:<port><path>``: the status and the body (a 503 too)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie child of ours counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+class Supervised(WorkerProcess):
+    """``python -m worker`` with ``WORKER_PROCESSES`` > 1: the supervisor and its processes."""
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every JSON log line of the supervisor and its processes (other lines skipped)."""
+        out = []
+        for line in self.log.splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def wait_all_consuming(self, timeout_s: float = 60.0) -> list[int]:
+        """The pids of the worker processes, once every one of them consumes."""
+
+        def ready() -> list[int] | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"supervisor exited {self.proc.returncode}:\n{self.log}")
+            for r in self.events():
+                if r.get("message") == "worker processes consuming":
+                    return list(r["pids"])
+            return None
+
+        pids: list[int] = wait_for(ready, timeout_s, "every worker process to consume")
+        return pids
+
+    def started(self) -> list[dict[str, Any]]:
+        """The "worker process started" records: slot, pid, restarts."""
+        return [r for r in self.events() if r.get("message") == "worker process started"]
+
+    def child_pids(self) -> set[int]:
+        return {int(r["pid"]) for r in self.started()}
+
+    def kill(self) -> None:
+        """Stop the supervisor if it still runs, then any worker process left behind."""
+        super().kill()
+        for pid in self.child_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

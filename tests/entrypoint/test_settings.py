@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from worker.__main__ import main
 from worker.settings import (
     Settings,
     SettingsError,
+    cpu_count,
     enable_flag,
     load_app,
     load_settings,
@@ -73,6 +75,7 @@ def test_defaults_when_only_a_flag_is_given() -> None:
     assert s.data_dir == Path(".streamq")
     assert s.embedded_port == 6390
     assert (s.liveness_redis_timeout_s, s.liveness_wedge_timeout_s) == (30.0, 60.0)
+    assert (s.processes, s.event_loop, s.refuse_incompatible_contract) == (1, "auto", True)
     assert s.embedded
 
 
@@ -92,6 +95,9 @@ def test_every_global_variable_is_parsed() -> None:
             STREAMQ_EMBEDDED_PORT="7000",
             LIVENESS_REDIS_TIMEOUT="12.5",
             LIVENESS_WEDGE_TIMEOUT="90",
+            WORKER_PROCESSES="3",
+            WORKER_EVENT_LOOP="AsyncIO",
+            WORKER_REFUSE_INCOMPATIBLE_CONTRACT="false",
         ),
         lanes=LANES,
     )
@@ -102,6 +108,8 @@ def test_every_global_variable_is_parsed() -> None:
     assert s.allow_unsafe_eviction is True
     assert (s.data_dir, s.embedded_port) == (Path("/var/lib/q"), 7000)
     assert (s.liveness_redis_timeout_s, s.liveness_wedge_timeout_s) == (12.5, 90.0)
+    assert (s.processes, s.event_loop) == (3, "asyncio")
+    assert s.refuse_incompatible_contract is False
     assert not s.embedded
 
 
@@ -125,6 +133,13 @@ def test_settings_are_frozen() -> None:
         ("LOG_LEVEL", "LOUD", "DEBUG"),
         ("REDIS_PREFIX", "", "empty"),
         ("REDIS_URL", "  ", "empty"),
+        ("WORKER_PROCESSES", "two", "an integer 1..1024 or auto, got 'two'"),
+        ("WORKER_PROCESSES", "0", "1..1024 or auto"),
+        ("WORKER_PROCESSES", "2.5", "1..1024 or auto"),
+        ("WORKER_PROCESSES", "5000", "1..1024 or auto"),
+        ("WORKER_PROCESSES", "", "empty"),
+        ("WORKER_EVENT_LOOP", "trio", "auto, asyncio, uvloop"),
+        ("WORKER_REFUSE_INCOMPATIBLE_CONTRACT", "maybe", "true/false"),
     ],
 )
 def test_malformed_global_value_is_named(var: str, raw: str, says: str) -> None:
@@ -149,6 +164,10 @@ def test_malformed_global_value_is_named(var: str, raw: str, says: str) -> None:
         ("BLOCK_TIMEOUT", "0.5", "block_timeout", 0.5),
         ("PROMOTE_INTERVAL", "0.1", "promote_interval", 0.1),
         ("DEAD_LETTER_CAP", "1000", "dead_letter_cap", 1000),
+        ("PREFETCH", "3", "prefetch", 3),
+        ("PREFETCH", "0", "prefetch", 0),
+        ("SETTLE_DELAY", "0", "settle_delay", 0.0),
+        ("SETTLE_DELAY", "0.01", "settle_delay", 0.01),
     ],
 )
 def test_queue_option_is_parsed_into_the_lanes_overrides(
@@ -176,6 +195,11 @@ def test_queue_option_is_parsed_into_the_lanes_overrides(
         ("QUEUE_NOTES_LIMITER_MAX", "x", "integer"),
         ("QUEUE_NOTES_LIMITER_DURATION", "0", "> 0"),
         ("QUEUE_NOTES_CONCURRENCY", "", "empty"),
+        ("QUEUE_NOTES_PREFETCH", "-1", ">= 0"),
+        ("QUEUE_NOTES_PREFETCH", "a few", "integer"),
+        ("QUEUE_NOTES_SETTLE_DELAY", "0.5", "at most 100 ms"),
+        ("QUEUE_NOTES_SETTLE_DELAY", "-0.001", ">= 0"),
+        ("QUEUE_NOTES_SETTLE_DELAY", "2ms", "seconds"),
     ],
 )
 def test_malformed_queue_option_is_named(var: str, raw: str, says: str) -> None:
@@ -367,3 +391,18 @@ def test_an_otlp_endpoint_that_is_not_a_url_is_an_error_naming_the_variable() ->
     got = problems(env(OTEL_EXPORTER_OTLP_ENDPOINT="collector:4318"))
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" in got
     assert "http" in got["OTEL_EXPORTER_OTLP_ENDPOINT"]
+
+
+# -- processes, event loop, contract refusal ------------------------------------------------
+def test_worker_processes_auto_is_one_per_usable_cpu() -> None:
+    s = parse_settings(env(WORKER_PROCESSES=" Auto "), lanes=LANES)
+    assert s.processes == cpu_count() >= 1
+
+
+def test_uvloop_asked_for_but_not_installed_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # what an absent module looks like
+    found = problems(env(WORKER_EVENT_LOOP="uvloop"))
+    assert list(found) == ["WORKER_EVENT_LOOP"]
+    assert "pip install 'streamq[uvloop]'" in found["WORKER_EVENT_LOOP"]
+    # auto falls back to asyncio's loop instead
+    assert parse_settings(env(WORKER_EVENT_LOOP="auto"), lanes=LANES).event_loop == "auto"

@@ -8,6 +8,7 @@ import os
 import socket
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
@@ -29,12 +30,13 @@ from streamq.errors import (
     RegistrationError,
     UnsafeRedisConfig,
 )
+from streamq.fingerprint import record_contract_sync
 from streamq.keys import QueueKeys
 from tests.support.redis_server import RedisServer, find_binary
 from worker.failures import explain
 from worker.settings import Settings
 
-from .helpers import clean_env, run_worker, run_workers
+from .helpers import WorkerProcess, clean_env, run_worker, run_workers
 
 
 def worker_env(url: str, prefix: str = "p", **extra: str) -> dict[str, str]:
@@ -127,6 +129,41 @@ def test_a_metrics_port_in_use_exits_2_naming_it(redis_url: str, prefix: str) ->
     assert done.returncode == 2, done.stderr
     assert f"METRICS_PORT: cannot serve /metrics on 127.0.0.1:{port}" in done.stderr
     assert_no_traceback(done.stderr)
+
+
+def test_an_incompatible_recorded_contract_exits_2_unless_told_to_start_anyway(
+    sredis: redis.Redis, redis_url: str, prefix: str, tmp_path: Path
+) -> None:
+    from pydantic import BaseModel
+
+    from streamq import QueueContract, job
+
+    class OldWork(BaseModel):
+        m: int  # the app's tasks need an n, which jobs of this contract do not carry
+
+    class OldTasks(QueueContract, name="tasks", shards=2):
+        task = job("task", OldWork)
+
+    record_contract_sync(sredis, QueueKeys(prefix, "tasks", 2), OldTasks)
+    env = clean_env(WORKER_APP="tests.entrypoint.fleet_app:app", REDIS_URL=redis_url,
+                    REDIS_PREFIX=prefix, QUEUE_CONSUMER_TASKS_IS_ENABLED="true",
+                    LOG_FORMAT="json")
+    done = run_worker(env)
+    assert done.returncode == 2, done.stderr
+    assert '"variable": "WORKER_APP"' in done.stderr
+    assert "WORKER_REFUSE_INCOMPATIBLE_CONTRACT=false starts anyway" in done.stderr
+    assert_no_traceback(done.stderr)
+
+    w = WorkerProcess({**env, "WORKER_REFUSE_INCOMPATIBLE_CONTRACT": "false"},
+                      tmp_path / "worker.log")
+    try:
+        w.wait_consuming()
+        errors = [r for r in w.records() if r["level"] == "ERROR"]
+        assert len(errors) == 1
+        assert "starting anyway as configured" in errors[0]["message"]
+        assert w.terminate() == 0
+    finally:
+        w.kill()
 
 
 # -- errors of WorkerManager.start(), raised as the runtime raises them ------------------
