@@ -4,9 +4,9 @@ Example::
 
     manager = WorkerManager(redis_url="redis://localhost:6379/0")
     manager.register_app(app)            # or manager.register(lane, registration, options)
-    await manager.start()
+    await manager.start()                # startup hooks, workers, then services (runners)
     ...
-    await manager.close_workers()
+    await manager.close_workers()        # services, workers, then shutdown hooks
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from streamq.errors import (
     UnsafeRedisConfig,
 )
 from streamq.hooks import Hooks
+from streamq.lifecycle import run_shutdown, run_startup
 from streamq.options import WorkerOptions
 from streamq.runtime.supervise import RedisStatus
 from streamq.runtime.worker import Worker
@@ -95,6 +96,9 @@ class WorkerManager:
         self._services: list[Service] = []
         self._started_services: list[Service] = []
         self.state: Any = None
+        self._startup_hooks: list[Any] = []
+        self._shutdown_hooks: list[Any] = []
+        self._hooks_started = False
         self._workers: dict[str, Worker] = {}
         self._clients: list[Any] = []
         self._sync_clients: list[Any] = []
@@ -152,7 +156,7 @@ class WorkerManager:
 
     def register_app(
         self,
-        app: App,
+        app: App[Any],
         *,
         queues: Iterable[str] | None = None,
         overrides: Mapping[str, Mapping[str, Any]] | None = None,
@@ -160,7 +164,8 @@ class WorkerManager:
         """Register ``app``'s processors for ``queues`` (lane names; default: primary lanes).
 
         ``overrides`` maps a lane name to option overrides (``{"ingestion": {"concurrency":
-        50}}``). Returns the registered lane names.
+        50}}``). Returns the registered lane names. The app's services (runners), startup
+        and shutdown hooks and state come along.
         """
         names = list(queues) if queues is not None else [
             r.contract.primary.name for r in app.registrations.values()
@@ -168,6 +173,7 @@ class WorkerManager:
         for service in app.services:
             if all(s is not service for s in self._services):
                 self.add_service(service)
+        self._take_lifecycle(app)
         for name in names:
             reg = app.registration(name)
             if reg is None:
@@ -177,6 +183,15 @@ class WorkerManager:
             opts = reg.options.merged(**dict((overrides or {}).get(name, {})))
             self.register(lane, reg, opts)
         return names
+
+    def _take_lifecycle(self, app: App[Any]) -> None:
+        if app.state is not None:
+            if self.state is not None and self.state is not app.state:
+                raise RegistrationError("two apps with different state objects are registered")
+            self.state = app.state
+        for mine, theirs in ((self._startup_hooks, app.startup_hooks),
+                             (self._shutdown_hooks, app.shutdown_hooks)):
+            mine.extend(fn for fn in theirs if all(fn is not f for f in mine))
 
     def add_service(self, service: Service) -> None:
         """Run ``service`` in this process beside the consumers (see :mod:`streamq.services`).
@@ -248,10 +263,16 @@ class WorkerManager:
             _log.warning(msg + "; starting anyway as allowed.")
 
     async def start(self) -> None:
-        """Connect, check Redis, create groups and start every registered worker."""
+        """Connect, check Redis, run the startup hooks, create groups and start every
+        registered worker, then the services (runners).
+
+        Raises:
+            StartupHookFailed: a startup hook raised; no worker started (the shutdown hooks
+                ran, and the connections are closed).
+        """
         if self.started:
             return
-        if not self._pending:
+        if not self._pending and not self._services:
             raise ConfigurationError("no queue registered: nothing to consume")
         client = self._async_client(socket_timeout=10)
         try:
@@ -284,6 +305,7 @@ class WorkerManager:
             )
         self.started = True
         try:
+            await self._run_startup_hooks()
             for w in self._workers.values():
                 await self._check_contract(client, w)
                 await w.start()
@@ -308,11 +330,16 @@ class WorkerManager:
             if self.refuse_incompatible_contract:
                 raise IncompatibleContract(
                     msg + " (deploy compatible versions, or pass "
-                    "refuse_incompatible_contract=False / WORKER_REFUSE_INCOMPATIBLE=false)",
+                    "refuse_incompatible_contract=False; under python -m worker set "
+                    "WORKER_REFUSE_INCOMPATIBLE_CONTRACT=false)",
                     changes=breaking,
                 )
             _log.error(msg + "; starting anyway as configured", extra={"queue": w.name})
         await fingerprint.record_contract(client, keys, w.contract)
+
+    async def _run_startup_hooks(self) -> None:
+        self._hooks_started = True
+        await run_startup(self._startup_hooks, self.state)
 
     async def _start_services(self, client: Any) -> None:
         from streamq.services import ServiceContext
@@ -329,7 +356,7 @@ class WorkerManager:
 
     async def close_workers(self, timeout_s: float | None = None) -> None:
         """Graceful shutdown: services first, then every worker (see :meth:`Worker.close`),
-        then disconnect."""
+        then the shutdown hooks, then disconnect."""
         services, self._started_services = self._started_services, []
         for service in reversed(services):
             try:
@@ -337,6 +364,9 @@ class WorkerManager:
             except Exception:
                 _log.exception("service failed to close", extra={"service": service.name})
         await asyncio.gather(*(w.close(timeout_s) for w in self._workers.values()))
+        if self._hooks_started:
+            self._hooks_started = False
+            await run_shutdown(self._shutdown_hooks, self.state)
         for c in self._clients:
             await c.aclose()
         for c in self._sync_clients:
