@@ -1,7 +1,7 @@
 """Batch processors: one call over a list of jobs, each job settled on its own.
 
 The dispatcher gathers up to ``max_size`` entries for at most ``max_wait`` (see
-:meth:`Worker._batch_dispatcher`); this module runs one gathered list:
+:meth:`Dispatcher.run_batches`); this module runs one gathered list:
 
 * poison entries (undecodable, unknown job, invalid payload) are dead-lettered on their own
   and never reach the processor;

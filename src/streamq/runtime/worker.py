@@ -20,16 +20,14 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from streamq import ops
-from streamq._redis import run_calls
 from streamq.app import Registration
 from streamq.contracts import Lane
 from streamq.hooks import Hooks
 from streamq.keys import QueueKeys, ShardKeys
 from streamq.options import WorkerOptions
 from streamq.runtime import heartbeat
-from streamq.runtime.batch import run_batch
 from streamq.runtime.context import LaneContext, ServerClock
+from streamq.runtime.dispatch import Dispatcher, PauseFlag
 from streamq.runtime.fetch import Entry, Intake, Reader, check_foreign_groups, ensure_groups
 from streamq.runtime.process import JobRunner
 from streamq.runtime.promote import Promoter
@@ -64,26 +62,6 @@ async def stop_tasks(
             return
 
 
-class PauseFlag:
-    """The lane's ``paused`` flag in the meta hash, read at most every 0.2-1 s."""
-
-    def __init__(self, client: Any, meta_key: str) -> None:
-        self.client = client
-        self.key = meta_key
-        self.value = False
-        self._until = 0.0
-
-    def fresh(self) -> bool:
-        return time.monotonic() < self._until
-
-    async def __call__(self) -> bool:
-        now = time.monotonic()
-        if now >= self._until:
-            self.value = bool(await self.client.hget(self.key, "paused"))
-            self._until = now + (0.2 if self.value else 1.0)
-        return self.value
-
-
 class Worker:
     """Consumes one lane (a queue, or its secondary lane) with one processor registration."""
 
@@ -112,14 +90,10 @@ class Worker:
         self.fetch_clients = list(fetch_clients)
         self.status = status or RedisStatus(hooks)
         self.closing = False
-        self.started_total = 0
-        self.last_started = time.monotonic()
-        self.last_grant_denied = False
         self.batch = registration.batch
         # A batch lane's slots are entries: concurrency batches of up to max_size each.
         per_slot = self.batch.max_size if self.batch else 1
         self.intake = Intake(options.concurrency * per_slot, options.prefetch)
-        self.batches_active = 0
         self.held = HeldEntries(ctx.shards)
         self.pause = PauseFlag(client, ctx.keys.meta)
         self.supervisor = Supervisor(lane.name, hooks, self.status)
@@ -142,7 +116,10 @@ class Worker:
                                    is_paused=self.pause, closing=closing)
         self.heartbeat = heartbeat.Heartbeat(ctx, on_ok=self.status.ok, closing=closing)
         self.readers: list[Reader] = []
-        self._jobs: set[asyncio.Task[None]] = set()
+        self.dispatcher = Dispatcher(
+            ctx, self.intake, self.runner, self.held, pause=self.pause,
+            hand_back=self._hand_back, closing=closing, batch=self.batch,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
 
@@ -214,7 +191,8 @@ class Worker:
                                     list(self.contract.jobs))
         sup = self.supervisor
         sup.spawn("settler", self.settler.run)
-        sup.spawn("dispatcher", self._batch_dispatcher if self.batch else self._dispatcher)
+        d = self.dispatcher
+        sup.spawn("dispatcher", d.run_batches if self.batch else d.run)
         sup.spawn("promoter", self.promoter.run)
         sup.spawn("reclaimer", self.reclaimer.run)
         sup.spawn("heartbeat", self.heartbeat.run)
@@ -257,8 +235,8 @@ class Worker:
         # promoting and reclaiming first (a claim would hand this worker entries to hold).
         await stop_tasks([t for n, t in tasks.items() if n != "settler"])
         self._hand_back(self.intake.drain())
-        if self._jobs:
-            _done, pending = await asyncio.wait(set(self._jobs), timeout=timeout)
+        if self.dispatcher.jobs:
+            _done, pending = await asyncio.wait(set(self.dispatcher.jobs), timeout=timeout)
             # A cancelled processor may still clean up: re-cancel it only now and then.
             await stop_tasks(pending, every_s=1.0)
         await self._settle_all(max(5.0, timeout))
@@ -291,129 +269,6 @@ class Worker:
         """Release entries this worker will not run (excess of a read, a paused lane)."""
         for e in entries:
             self.settler.submit(SettleOp("release", self.shards[e.shard], e.entry_id))
-
-    async def _dispatcher(self) -> None:
-        intake = self.intake
-        while not self.closing:
-            await intake.wait_for(
-                lambda: self.closing or (bool(intake.buffer) and intake.free_slots() > 0)
-            )
-            if self.closing:
-                return
-            # A read already in flight when the lane was paused can still return entries:
-            # hand them back (fenced release) so a paused lane holds nothing.
-            if await self.pause():
-                self._hand_back(intake.drain())
-                continue
-            n = await self._take_tokens(min(len(intake.buffer), intake.free_slots()))
-            for _ in range(n):
-                entry = intake.take()
-                if entry is None or self.closing:
-                    break
-                self._start(entry)
-
-    async def _take_tokens(self, n: int) -> int:
-        """How many of ``n`` jobs the lane's rate limit lets start now (all without one)."""
-        limiter = self.options.limiter
-        if limiter is None:
-            return n
-        call = ops.limiter(self.keys, max_jobs=limiter.max_jobs,
-                           window_ms=limiter.duration_ms, want=n)
-        grant = (await run_calls(self.client, [call], queue=self.name))[0]
-        self.last_grant_denied = grant.granted == 0
-        if grant.granted == 0:
-            await asyncio.sleep(max(grant.window_left_ms, 1) / 1000)
-        return int(grant.granted)
-
-    async def _batch_dispatcher(self) -> None:
-        intake, batch = self.intake, self.batch
-        assert batch is not None
-        concurrency = self.options.concurrency
-        while not self.closing:
-            await intake.wait_for(
-                lambda: self.closing or (bool(intake.buffer) and self.batches_active < concurrency)
-            )
-            if len(intake.buffer) < batch.max_size and not self.closing:
-                # Gather: up to max_size, for at most max_wait from the first entry.
-                await intake.wait_for(
-                    lambda: self.closing or len(intake.buffer) >= batch.max_size,
-                    timeout_s=batch.max_wait_s,
-                )
-            if self.closing:
-                return
-            if await self.pause():
-                self._hand_back(intake.drain())
-                continue
-            n = await self._take_tokens(min(len(intake.buffer), batch.max_size,
-                                            intake.free_slots()))
-            entries = [e for e in (intake.take() for _ in range(n)) if e is not None]
-            if entries and not self.closing:
-                self._start_batch(entries)
-
-    def _start_batch(self, entries: list[Entry]) -> None:
-        self.batches_active += 1
-        self.started_total += len(entries)
-        self.last_started = time.monotonic()
-        self.hooks.active_changed(self.name, self.intake.active)
-        task = asyncio.get_running_loop().create_task(self._guarded_batch(entries))
-        self._jobs.add(task)
-        task.add_done_callback(self._jobs.discard)
-
-    async def _guarded_batch(self, entries: list[Entry]) -> None:
-        freed = 0
-
-        def free() -> None:
-            nonlocal freed
-            freed += 1
-            self.intake.finished()
-
-        try:
-            await run_batch(self.runner, [(self.shards[e.shard], e) for e in entries], free=free)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            _log.exception("unexpected error processing a batch", extra={"queue": self.name})
-            for e in entries:  # left to stall and be reclaimed (see _guarded)
-                self.held.discard(e.shard, e.entry_id)
-        finally:
-            for _ in range(len(entries) - freed):
-                self.intake.finished()
-            self.batches_active -= 1
-            self.intake.wake()
-            self.hooks.active_changed(self.name, self.intake.active)
-
-    def _start(self, entry: Entry) -> None:
-        self.started_total += 1
-        self.last_started = time.monotonic()
-        self.hooks.active_changed(self.name, self.intake.active)
-        task = asyncio.get_running_loop().create_task(self._guarded(entry))
-        self._jobs.add(task)
-        task.add_done_callback(self._jobs.discard)
-
-    async def _guarded(self, entry: Entry) -> None:
-        shard = self.shards[entry.shard]
-        try:
-            await self.runner.run(shard, entry, self._slot_free)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            _log.exception("unexpected error processing a job", extra={"queue": self.name})
-            # Its settle may never come: stop renewing it, so it stalls and is reclaimed
-            # (then dead-lettered as stalled) instead of being held here forever.
-            self.held.discard(entry.shard, entry.entry_id)
-
-    def _slot_free(self) -> None:
-        intake = self.intake
-        intake.finished()
-        # The freed slot takes the next buffered entry at once, unless the lane may be paused
-        # (a stale flag goes through the dispatcher, which reads it) or rate-limited.
-        if (intake.buffer and not self.closing and self.options.limiter is None
-                and self.pause.fresh() and not self.pause.value):
-            entry = intake.take()
-            if entry is not None:
-                self._start(entry)
-                return
-        self.hooks.active_changed(self.name, intake.active)
 
     # -- settles and locks -----------------------------------------------------------------------
     def _settled(self, op: SettleOp, status: Status | None) -> None:
@@ -470,22 +325,22 @@ class Worker:
             "active": self.intake.active,
             "buffered": len(self.intake.buffer),
             "held": len(self.held),
-            "started": self.started_total,
+            "started": self.dispatcher.started_total,
             "settling": self.settler.pending,
             "peak_held": self.intake.peak_held,
         }
 
     def wedged_for(self, now: float | None = None) -> float:
-        """Seconds this lane has held buffered entries with free slots and started none.
+        """See :meth:`Dispatcher.wedged_for`."""
+        return self.dispatcher.wedged_for(now)
 
-        Zero when it is not stuck that way (nothing buffered, paused, or waiting for rate
-        limit tokens). This catches a wedged dispatcher even when peers drained the queue.
-        """
-        intake = self.intake
-        if (self.closing or not intake.buffer or intake.free_slots() <= 0
-                or self.pause.value or self.last_grant_denied):
-            return 0.0
-        return (now if now is not None else time.monotonic()) - self.last_started
+    @property
+    def started_total(self) -> int:
+        return self.dispatcher.started_total
+
+    @property
+    def last_started(self) -> float:
+        return self.dispatcher.last_started
 
     async def wait_stopped(self) -> None:
         with contextlib.suppress(asyncio.CancelledError):
