@@ -15,6 +15,7 @@ from streamq.errors import (
     InvalidPayload,
     JobControl,
     JobTimeout,
+    LeadershipLost,
     PayloadError,
     PayloadTooLarge,
     PermanentError,
@@ -24,6 +25,7 @@ from streamq.errors import (
     RedisUnavailable,
     RegistrationError,
     Retry,
+    StartupHookFailed,
     StreamqError,
     UnknownJob,
     UnsafeRedisConfig,
@@ -32,6 +34,7 @@ from streamq.hooks import CompositeHooks, Hooks, JobInfo
 from streamq.job import Job
 from streamq.options import Batch, Limiter, WorkerOptions
 from streamq.producer import JobRequest, Queue, SyncQueue
+from streamq.runners import RunnerConfig, RunnerContext
 from streamq.runtime import Worker, WorkerManager
 
 __version__ = "0.1.0"
@@ -60,6 +63,7 @@ __all__ = [
     "JobSpec",
     "JobTimeout",
     "Lane",
+    "LeadershipLost",
     "Limiter",
     "PayloadError",
     "PayloadTooLarge",
@@ -74,6 +78,9 @@ __all__ = [
     "Registration",
     "RegistrationError",
     "Retry",
+    "RunnerConfig",
+    "RunnerContext",
+    "StartupHookFailed",
     "StreamqError",
     "SyncDeadLetters",
     "SyncQueue",

@@ -10,6 +10,10 @@ Example::
 
 ``python -m worker`` loads ``app`` (``WORKER_APP=package.module:app``) and starts a consumer
 for every queue whose ``QUEUE_CONSUMER_<QUEUE>_IS_ENABLED`` flag is true.
+
+An app can also hold a typed state object (``App(CONTRACTS, state=AppState())``), startup and
+shutdown hooks (``@app.on_startup`` / ``@app.on_shutdown``, :mod:`streamq.lifecycle`) and
+background runners (``@app.runner``, :mod:`streamq.runners`).
 """
 
 from __future__ import annotations
@@ -20,19 +24,25 @@ import types
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union, get_args, get_origin, overload
 
 from pydantic import BaseModel
+from typing_extensions import TypeVar as DefaultTypeVar
 
 from streamq.contracts import ContractSet, JobSpec, QueueContract
 from streamq.errors import RegistrationError
 from streamq.job import Job
-from streamq.options import Batch, WorkerOptions
+from streamq.options import Batch, Duration, WorkerOptions
+
+if TYPE_CHECKING:  # runners import the runtime, which imports this module
+    from streamq.backoff import Backoff
+    from streamq.runners import RunnerConfig, RunnerFn, RunnerService, RunnerSpec
 
 __all__ = ["App", "Processor", "Registration"]
 
 Processor = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
 F = TypeVar("F", bound=Callable[..., Any])
+StateT = DefaultTypeVar("StateT", default=Any)
 
 
 @dataclass(slots=True)
@@ -58,14 +68,48 @@ class Registration:
         )
 
 
-class App:
-    """Holds the processors of a worker application.
+class App(Generic[StateT]):
+    """Holds the processors, runners, lifecycle hooks and state of a worker application.
 
     Args:
         contracts: the application's contracts (a ``ContractSet`` or queue contracts).
+        state: an object of the app's own (a database pool, clients, settings), reachable as
+            ``app.state`` (processors import the app), ``ctx.state`` (runners) and passed to
+            lifecycle hooks. Typed: ``App(CONTRACTS, state=AppState())`` is an
+            ``App[AppState]``.
+
+    Example::
+
+        @dataclass
+        class AppState:
+            db: Pool | None = None
+
+        app = App(CONTRACTS, state=AppState())
+
+        @app.on_startup
+        async def open_db(state: AppState) -> None:
+            state.db = await create_pool(DSN)
     """
 
-    def __init__(self, contracts: ContractSet | Iterable[type[QueueContract]] = ()) -> None:
+    @overload
+    def __init__(
+        self: App[None],
+        contracts: ContractSet | Iterable[type[QueueContract]] = (),
+        *,
+        state: None = None,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        contracts: ContractSet | Iterable[type[QueueContract]] = (),
+        *,
+        state: StateT,
+    ) -> None: ...
+
+    def __init__(
+        self, contracts: ContractSet | Iterable[type[QueueContract]] = (), *, state: Any = None
+    ) -> None:
         self.contracts = contracts if isinstance(contracts, ContractSet) else ContractSet(
             *contracts
         )
@@ -73,6 +117,112 @@ class App:
         self.services: list[Any] = []
         """Services run beside the consumers (:mod:`streamq.services`); ``register_app``
         hands them to the manager."""
+        self.state: StateT = state
+        self.startup_hooks: list[Callable[..., Any]] = []
+        self.shutdown_hooks: list[Callable[..., Any]] = []
+        self._runners: RunnerService | None = None
+
+    def on_startup(self, fn: F) -> F:
+        """Run ``fn`` when a worker starts, before any queue is consumed (declaration order).
+
+        ``fn`` is async or sync and takes the app's state or nothing. If it raises, the
+        worker does not start: ``WorkerManager.start`` raises
+        :class:`~streamq.errors.StartupHookFailed` naming it.
+
+        Raises:
+            RegistrationError: ``fn`` cannot be called as ``fn(state)`` or ``fn()``.
+        """
+        from streamq.lifecycle import check_hook
+
+        check_hook(fn, "on_startup")
+        self.startup_hooks.append(fn)
+        return fn
+
+    def on_shutdown(self, fn: F) -> F:
+        """Run ``fn`` when a worker stops, after its consumers and runners closed (in the
+        reverse order of declaration). A hook that raises is logged; the next one runs.
+
+        Raises:
+            RegistrationError: ``fn`` cannot be called as ``fn(state)`` or ``fn()``.
+        """
+        from streamq.lifecycle import check_hook
+
+        check_hook(fn, "on_shutdown")
+        self.shutdown_hooks.append(fn)
+        return fn
+
+    def runner(
+        self,
+        name: str,
+        *,
+        singleton: bool = False,
+        every: Duration | None = None,
+        lease: Duration | None = None,
+        renew_interval: Duration | None = None,
+        restart_backoff: Backoff | None = None,
+    ) -> Callable[[RunnerFn[StateT]], RunnerFn[StateT]]:
+        """Run the decorated ``async def fn(ctx: RunnerContext[State])`` in every worker.
+
+        Without ``every`` it is long-lived: it runs until the worker stops (it is cancelled);
+        with ``every`` (a timedelta or seconds) it is called at that interval. A runner that
+        raises is logged, counted and restarted after ``restart_backoff`` (default 0.1 s
+        doubling to 30 s). ``singleton=True`` runs it on one worker of the fleet at a time,
+        the holder of a lease in Redis (``lease``, default 15 s, renewed every
+        ``renew_interval``, default a third of it); see :mod:`streamq.runners`.
+
+        ``python -m worker`` runs a runner unless ``RUNNER_<NAME>_IS_ENABLED`` is false
+        (see :attr:`runner_config`).
+
+        Raises:
+            RegistrationError: the name is malformed or taken, the function is not async,
+                or the renewal interval is over half the lease.
+        """
+        from streamq import runners
+
+        opts: dict[str, Any] = {"singleton": singleton, "every": every,
+                                "renew_interval": renew_interval}
+        if lease is not None:
+            opts["lease"] = lease
+        if restart_backoff is not None:
+            opts["restart_backoff"] = restart_backoff
+        runners.runner_spec(name, _probe, **opts)  # refuse bad options at the decorator call
+
+        def decorate(fn: RunnerFn[StateT]) -> RunnerFn[StateT]:
+            self._runner_service().add(runners.runner_spec(name, fn, **opts))
+            return fn
+
+        return decorate
+
+    @property
+    def runners(self) -> dict[str, RunnerSpec]:
+        """The declared runners by name (the entry point reads their flags from these)."""
+        return dict(self._runners.specs) if self._runners is not None else {}
+
+    @property
+    def runner_config(self) -> RunnerConfig:
+        """Which runners run in this process (default: all). Set it before the worker starts.
+
+        Raises (on set):
+            ConfigurationError: the config names a runner that is not declared.
+        """
+        from streamq.runners import RunnerConfig
+
+        return self._runners.config if self._runners is not None else RunnerConfig()
+
+    @runner_config.setter
+    def runner_config(self, config: RunnerConfig) -> None:
+        from streamq.runners import RunnerService
+
+        # With no runner declared, a throwaway service still refuses the names it is given.
+        (self._runners or RunnerService()).configure(config)
+
+    def _runner_service(self) -> RunnerService:
+        from streamq.runners import RunnerService
+
+        if self._runners is None:
+            self._runners = RunnerService()
+            self.add_service(self._runners)
+        return self._runners
 
     def add_service(self, service: Any) -> None:
         """Run ``service`` (a :class:`streamq.services.Service`) in every worker of this app."""
@@ -170,6 +320,10 @@ class App:
     def lane_names(self) -> list[str]:
         """Every lane that has a processor, primary and secondary."""
         return [lane.name for r in self.registrations.values() for lane in r.contract.lanes()]
+
+
+async def _probe(_ctx: Any) -> None:
+    """Stands for the runner function while its options are checked."""
 
 
 def _check_batch(batch: object, contract: type[QueueContract], job_name: str | None) -> None:

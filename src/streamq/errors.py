@@ -16,6 +16,8 @@ The tree::
     ├── RedisRefused                  Redis refused a command for good (NOPERM, WRONGTYPE, ...)
     ├── UnsafeRedisConfig             Redis would silently drop queue keys (eviction policy)
     ├── RegistrationError             a processor or queue registration is invalid
+    ├── StartupHookFailed             an ``@app.on_startup`` hook raised; no worker started
+    ├── LeadershipLost                a singleton runner's fenced write came from a lost lease
     └── JobControl                    raised *by processors* to steer their job
         ├── PermanentError            dead-letter now, no retry
         ├── Retry                     run again after a delay without spending an attempt
@@ -38,6 +40,7 @@ __all__ = [
     "InvalidPayload",
     "JobControl",
     "JobTimeout",
+    "LeadershipLost",
     "PayloadError",
     "PayloadTooLarge",
     "PermanentError",
@@ -47,6 +50,7 @@ __all__ = [
     "RedisUnavailable",
     "RegistrationError",
     "Retry",
+    "StartupHookFailed",
     "StreamqError",
     "UnknownJob",
     "UnsafeRedisConfig",
@@ -169,6 +173,29 @@ class UnsafeRedisConfig(StreamqError):
 
 class RegistrationError(StreamqError):
     """Raised when a processor or queue registration is invalid or duplicated."""
+
+
+class StartupHookFailed(StreamqError):
+    """Raised by ``WorkerManager.start`` when an ``@app.on_startup`` hook raised.
+
+    No worker started and nothing was consumed. ``hook`` names the hook (its qualified
+    name); the hook's own exception is the ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, hook: str) -> None:
+        super().__init__(message)
+        self.hook = hook
+
+
+class LeadershipLost(StreamqError):
+    """Raised when a singleton runner's fenced write is refused: its lease expired or another
+    replica took it over (a newer fencing token). ``runner`` and the stale ``token`` say whose.
+    """
+
+    def __init__(self, message: str, *, runner: str, token: int | None) -> None:
+        super().__init__(message)
+        self.runner = runner
+        self.token = token
 
 
 class JobControl(Exception):

@@ -123,6 +123,15 @@ class Hooks:
     ) -> None:
         """This process started consuming ``queue``; adapters may pre-create its series."""
 
+    # -- runners (streamq.runners) ---------------------------------------------------------
+    def runner_crashed(self, runner: str) -> None:
+        """A runner raised an unexpected error; it was logged and is restarted after a
+        capped backoff."""
+
+    def runner_leadership_changed(self, runner: str, leader: bool) -> None:
+        """This process took (``leader=True``) or lost the lease of singleton ``runner``.
+        Called from the lease's renewal thread."""
+
     # -- observability poller (streamq.observe) --------------------------------------------
     def queue_depth(
         self,

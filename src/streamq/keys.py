@@ -17,6 +17,9 @@ key                                          type    holds
 ``<prefix>:{<queue>}:meta``                  hash    paused flag, contract fingerprint
 ``<prefix>:{<queue>}:limiter``               hash    global rate-limit window (TTL)
 ``<prefix>:{<queue>}:workers``               hash    consumer name -> last heartbeat (ms)
+``<prefix>:{runner:<name>}:lease``           hash    a singleton runner's holder and token (TTL)
+``<prefix>:{runner:<name>}:fence``           string  the last fencing token given (a counter)
+``<prefix>:{runner:<name>}:data:<key>``      any     a runner's fenced data (``fenced_set``)
 ===========================================  ======  =================================
 
 A delayed record's key is ``<job id>:<random>`` (an add) or ``<job id>:<entry id>`` (a
@@ -32,7 +35,7 @@ from functools import cached_property
 
 from streamq.errors import ConfigurationError
 
-__all__ = ["QueueKeys", "ShardKeys", "check_prefix", "shard_index", "shard_name"]
+__all__ = ["QueueKeys", "RunnerKeys", "ShardKeys", "check_prefix", "shard_index", "shard_name"]
 
 NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
@@ -144,3 +147,31 @@ class QueueKeys:
 
     def for_key(self, sharding_key: str) -> ShardKeys:
         return self.shards[shard_index(sharding_key, self.shard_count)]
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerKeys:
+    """The keys of one runner (:mod:`streamq.runners`); all share the hash tag
+    ``{runner:<name>}``, so a lease script touches one cluster slot."""
+
+    prefix: str
+    name: str
+
+    @property
+    def tag(self) -> str:
+        return f"{{runner:{self.name}}}"
+
+    @property
+    def lease(self) -> str:
+        """Hash ``holder``, ``token``: who leads a singleton runner; expires with the lease."""
+        return f"{self.prefix}:{self.tag}:lease"
+
+    @property
+    def fence(self) -> str:
+        """The last fencing token given (INCR on each acquisition); never expires, so tokens
+        only grow."""
+        return f"{self.prefix}:{self.tag}:fence"
+
+    def data(self, key: str) -> str:
+        """A key of the runner's own slot, for fenced writes on a Redis Cluster."""
+        return f"{self.prefix}:{self.tag}:data:{key}"

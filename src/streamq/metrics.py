@@ -65,6 +65,8 @@ GAUGE_MODES: dict[str, GaugeMode] = {
     "queue_consumers": "livemostrecent",
     # A late timer in any process is the one to see.
     "event_loop_lag_seconds": "livemax",
+    # At most one process of the fleet leads a singleton runner: the sum says if one here does.
+    "runner_leader": "livesum",
 }
 """How each gauge (name without namespace) combines over processes in multiprocess mode
 (``PROMETHEUS_MULTIPROC_DIR``); ``live*``: a dead process's value is dropped once it is
@@ -163,6 +165,13 @@ class PrometheusHooks(Hooks):
         self.consumers = gauge("queue_consumers", "Consumers in the group.", qs)
         self.loop_lag = gauge("event_loop_lag_seconds", "How late an event-loop timer of this "
                               "process fired.", ())
+        # runners
+        self.runner_crashes = counter("runner_crashes", "Runners that raised an unexpected "
+                                      "error and were restarted.", ("runner",))
+        self.runner_leadership = counter("runner_leadership_changes", "Singleton runner leases "
+                                         "taken or lost by this process.", ("runner", "change"))
+        self.runner_leader = gauge("runner_leader", "1 while this process leads the singleton "
+                                   "runner.", ("runner",))
 
     def _child(self, metric: Any, *labels: str) -> Any:
         # labels() takes a lock and builds a tuple on every call; jobs hit a few children often.
@@ -277,3 +286,10 @@ class PrometheusHooks(Hooks):
 
     def event_loop_lag(self, lag_s: float) -> None:
         self.loop_lag.set(lag_s)
+
+    def runner_crashed(self, runner: str) -> None:
+        self._child(self.runner_crashes, runner).inc()
+
+    def runner_leadership_changed(self, runner: str, leader: bool) -> None:
+        self._child(self.runner_leadership, runner, "acquired" if leader else "lost").inc()
+        self._child(self.runner_leader, runner).set(1 if leader else 0)
