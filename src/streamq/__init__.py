@@ -36,6 +36,14 @@ from streamq.options import Batch, Limiter, WorkerOptions
 from streamq.producer import JobRequest, Queue, SyncQueue
 from streamq.runners import RunnerConfig, RunnerContext
 from streamq.runtime import Worker, WorkerManager
+from streamq.schedules import (
+    Schedule,
+    ScheduleInfo,
+    Scheduler,
+    SchedulerConfig,
+    Schedules,
+    SyncSchedules,
+)
 
 __version__ = "0.1.0"
 
@@ -80,11 +88,17 @@ __all__ = [
     "Retry",
     "RunnerConfig",
     "RunnerContext",
+    "Schedule",
+    "ScheduleInfo",
+    "Scheduler",
+    "SchedulerConfig",
+    "Schedules",
     "StartupHookFailed",
     "StreamqError",
     "SyncDeadLetters",
     "SyncQueue",
     "SyncQueueAdmin",
+    "SyncSchedules",
     "UnknownJob",
     "UnsafeRedisConfig",
     "Worker",

@@ -33,6 +33,7 @@ from streamq.contracts import ContractSet, JobSpec, QueueContract
 from streamq.errors import RegistrationError
 from streamq.job import Job
 from streamq.options import Batch, Duration, WorkerOptions
+from streamq.schedules import Missed, PayloadFactory, Schedule, Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:  # runners import the runtime, which imports this module
     from streamq.backoff import Backoff
@@ -42,6 +43,7 @@ __all__ = ["App", "Processor", "Registration"]
 
 Processor = Callable[[Job[Any]], Awaitable[Any]] | Callable[[Job[Any]], Any]
 F = TypeVar("F", bound=Callable[..., Any])
+P = TypeVar("P", bound=BaseModel)
 StateT = DefaultTypeVar("StateT", default=Any)
 
 
@@ -117,6 +119,9 @@ class App(Generic[StateT]):
         self.services: list[Any] = []
         """Services run beside the consumers (:mod:`streamq.services`); ``register_app``
         hands them to the manager."""
+        self.scheduler: Scheduler | None = None
+        """The service that enqueues this app's schedules; made by the first
+        :meth:`schedule`."""
         self.state: StateT = state
         self.startup_hooks: list[Callable[..., Any]] = []
         self.shutdown_hooks: list[Callable[..., Any]] = []
@@ -223,6 +228,81 @@ class App(Generic[StateT]):
             self._runners = RunnerService()
             self.add_service(self._runners)
         return self._runners
+
+    def schedule(
+        self,
+        name: str,
+        job: JobSpec[P],
+        *,
+        cron: str | None = None,
+        every: Duration | None = None,
+        timezone: str = "UTC",
+        payload: P | dict[str, Any] | PayloadFactory[P] | None = None,
+        missed: Missed = "skip",
+        grace: Duration | None = None,
+        enabled: bool = True,
+    ) -> Schedule[P]:
+        """Enqueue ``job`` periodically: one job per tick across every worker of the fleet.
+
+        Every worker consuming the job's queue runs the scheduler; ticks are read on the
+        Redis clock and each tick's job id, ``sched:<name>:<tick ms>``, is deduplicated, so
+        any number of replicas enqueue each tick once (see :mod:`streamq.schedules`).
+
+        Args:
+            name: the schedule's name (``[a-z0-9-]``), unique in the app.
+            job: a job of a queue contract (``Maintenance.retention``).
+            cron: a cron expression (5 fields, or 6 with seconds first), in ``timezone``.
+            every: a fixed interval (timedelta or seconds, at least 0.1 s); ticks fall on
+                its multiples since the epoch. Give ``cron`` or ``every``.
+            timezone: an IANA zone for ``cron`` (and the ticks handed to ``payload``).
+            payload: the job's payload (a model or a mapping, checked now), or a function
+                of the tick (an aware datetime) or of nothing, sync or async, returning it.
+                Default: the model built with no arguments.
+            missed: ticks older than ``grace`` when first seen due (no scheduler ran):
+                ``"skip"`` them, or run ``"once"`` for all of them.
+            grace: how late a tick may still run as on time (default 30 s, at most the
+                interval of an ``every`` schedule).
+            enabled: run it at all (``python -m worker`` also reads
+                ``SCHEDULE_<NAME>_IS_ENABLED``).
+
+        Example::
+
+            app.schedule("retention", Maintenance.retention, cron="0 3 * * *",
+                         timezone="Europe/Berlin", payload=Retention(days=30))
+            app.schedule("metering", Maintenance.meter, every=timedelta(minutes=5),
+                         payload=lambda tick: Meter(at=tick.isoformat()))
+
+        Raises:
+            ConfigurationError: a malformed argument (see :class:`Schedule`).
+            RegistrationError: the name is taken.
+        """
+        made = Schedule(name, job, cron=cron, every=every, timezone=timezone,
+                        payload=payload, missed=missed, grace=grace, enabled=enabled)
+        if self.scheduler is None:
+            self.scheduler = Scheduler()
+            self.add_service(self.scheduler)
+        self.scheduler.add(made)
+        return made
+
+    @property
+    def schedules(self) -> dict[str, Schedule[Any]]:
+        """The declared schedules by name (the entry point reads their flags from these)."""
+        return dict(self.scheduler.schedules) if self.scheduler is not None else {}
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        """Which schedules run in this process (default: all). Set it before the worker
+        starts.
+
+        Raises (on set):
+            ConfigurationError: the config disables a schedule that is not declared.
+        """
+        return self.scheduler.config if self.scheduler is not None else SchedulerConfig()
+
+    @scheduler_config.setter
+    def scheduler_config(self, config: SchedulerConfig) -> None:
+        # With no schedule declared, a throwaway scheduler still refuses the names given.
+        (self.scheduler or Scheduler()).configure(config)
 
     def add_service(self, service: Any) -> None:
         """Run ``service`` (a :class:`streamq.services.Service`) in every worker of this app."""

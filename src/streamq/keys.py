@@ -17,6 +17,8 @@ key                                          type    holds
 ``<prefix>:{<queue>}:meta``                  hash    paused flag, contract fingerprint
 ``<prefix>:{<queue>}:limiter``               hash    global rate-limit window (TTL)
 ``<prefix>:{<queue>}:workers``               hash    consumer name -> last heartbeat (ms)
+``<prefix>:{<queue>}:schedules``             hash    ``<name>:paused``, ``<name>:last_run`` (ms)
+``<prefix>:{<queue>}:schedule-ticks``        zset    schedule name -> last tick handled (ms)
 ``<prefix>:{runner:<name>}:lease``           hash    a singleton runner's holder and token (TTL)
 ``<prefix>:{runner:<name>}:fence``           string  the last fencing token given (a counter)
 ``<prefix>:{runner:<name>}:data:<key>``      any     a runner's fenced data (``fenced_set``)
@@ -144,6 +146,17 @@ class QueueKeys:
     @property
     def workers(self) -> str:
         return f"{self.prefix}:{self.tag}:workers"
+
+    @property
+    def schedules(self) -> str:
+        """Hash of the queue's schedules (:mod:`streamq.schedules`): ``<name>:paused`` and
+        ``<name>:last_run`` (the last tick enqueued, ms)."""
+        return f"{self.prefix}:{self.tag}:schedules"
+
+    @property
+    def schedule_ticks(self) -> str:
+        """Zset schedule name -> the last tick the fleet handled (ms), only ever raised."""
+        return f"{self.prefix}:{self.tag}:schedule-ticks"
 
     def for_key(self, sharding_key: str) -> ShardKeys:
         return self.shards[shard_index(sharding_key, self.shard_count)]
