@@ -3,7 +3,7 @@
     python -m tests.support.worker_proc --redis-url URL --prefix P --log FILE \\
         [--consumer NAME] [--lock 1.5] [--stalled 0.5] [--concurrency N] \\
         [--mode ok|slow|busy_loop|sleep_forever] [--max-stalled 1] [--shutdown-timeout S] \\
-        [--block-timeout S]
+        [--block-timeout S] [--prefetch N] [--limiter MAX/SECONDS] [--app MODULE:FUNC]
 
 It consumes the ``chaos`` queue of :mod:`tests.support.chaos_app` with a ``WorkerManager``
 and appends one JSON line per event to ``--log`` (the run-log). Every worker process of a
@@ -15,8 +15,8 @@ Events (each line also carries ``pid``, ``consumer`` and ``t``, the wall-clock t
 - ``ready``: the manager started and the signal handlers are in place.
 - ``start`` / ``end``: one run of a job (``job``, ``attempt``, ``entry``, ``shard``;
   ``end`` adds ``outcome`` and ``error``), from the runtime's hooks.
-- ``lock_lost``, ``reclaimed``, ``stalled``, ``dead``, ``payload_lost``, ``redis_error``:
-  runtime hooks.
+- ``lock_lost``, ``reclaimed``, ``stalled``, ``dead``, ``payload_lost``, ``redis_error``,
+  ``task_crashed``: runtime hooks.
 - ``exit``: graceful shutdown finished (``signal``).
 
 SIGTERM/SIGINT shut the manager down gracefully (:meth:`WorkerManager.run_until_signal`).
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import sys
@@ -33,6 +34,7 @@ import time
 from typing import Any
 
 from streamq.hooks import Hooks, JobInfo
+from streamq.options import Limiter
 from streamq.runtime import WorkerManager
 from streamq.runtime.manager import default_consumer_name
 from tests.support.chaos_app import MODES, Chaos, make_app
@@ -87,6 +89,9 @@ class RecordingHooks(Hooks):
     def redis_error(self, queue: str | None, error: BaseException) -> None:
         self.log.write("redis_error", error=repr(error)[:200])
 
+    def task_crashed(self, queue: str | None, task: str) -> None:
+        self.log.write("task_crashed", task=task)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tests.support.worker_proc")
@@ -103,7 +108,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shutdown-timeout", type=float, default=5.0)
     p.add_argument("--block-timeout", type=float, default=1.0)
     p.add_argument("--attempts", type=int, default=3)
+    p.add_argument("--prefetch", type=int, default=0)
+    p.add_argument("--limiter", default=None, help="global rate limit MAX_JOBS/SECONDS")
+    p.add_argument("--app", default=None,
+                   help="MODULE:FUNC building the app from the mode (default: chaos_app)")
     return p.parse_args(argv)
+
+
+def app_factory(spec: str | None) -> Any:
+    if spec is None:
+        return make_app
+    module, _, func = spec.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def limiter(spec: str | None) -> Limiter | None:
+    if spec is None:
+        return None
+    max_jobs, _, seconds = spec.partition("/")
+    return Limiter(int(max_jobs), float(seconds or 1))
 
 
 async def amain(args: argparse.Namespace) -> int:
@@ -116,7 +139,7 @@ async def amain(args: argparse.Namespace) -> int:
         hooks=RecordingHooks(log),
     )
     manager.register_app(
-        make_app(args.mode),
+        app_factory(args.app)(args.mode),
         overrides={
             args.queue: {
                 "concurrency": args.concurrency,
@@ -127,6 +150,8 @@ async def amain(args: argparse.Namespace) -> int:
                 "block_timeout": args.block_timeout,
                 "attempts": args.attempts,
                 "promote_interval": 0.1,
+                "prefetch": args.prefetch,
+                "limiter": limiter(args.limiter),
             }
         },
     )
