@@ -35,23 +35,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import importlib.util
-import json
 import logging
-import os
-import shutil
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from streamq.app import App
 from streamq.errors import ConfigurationError
+from worker import launch
 from worker.__main__ import Shutdown, resolve_redis_url, run_loop
 from worker.failures import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from worker.fleet import FleetServer, ProcessState, ProcessStatus
@@ -86,10 +80,10 @@ def shutdown_grace_s(settings: Settings, app: App) -> float:
 
 def supervise(settings: Settings, app: App, env: Mapping[str, str]) -> int:
     """Run ``settings.processes`` worker processes until SIGTERM/SIGINT; the exit code."""
-    with _metrics_dir(enabled=settings.metrics_port is not None) as metrics_dir:
+    with launch.metrics_dir(enabled=settings.metrics_port is not None) as metrics_dir:
         supervisor = Supervisor(
             settings,
-            child_env=_child_env(env, metrics_dir),
+            child_env=launch.child_env(env, metrics_dir),
             metrics_dir=metrics_dir,
             grace_s=shutdown_grace_s(settings, app),
         )
@@ -97,37 +91,6 @@ def supervise(settings: Settings, app: App, env: Mapping[str, str]) -> int:
         # support takes every Popen option.
         own = dataclasses.replace(settings, event_loop="asyncio")
         return run_loop(own, supervisor.run, Shutdown())
-
-
-@contextlib.contextmanager
-def _metrics_dir(*, enabled: bool) -> Iterator[Path | None]:
-    """A fresh, empty multiprocess directory, removed at exit; None when nothing serves
-    metrics or prometheus-client is not installed."""
-    if not enabled or importlib.util.find_spec("prometheus_client") is None:
-        yield None
-        return
-    path = Path(tempfile.mkdtemp(prefix="streamq-metrics-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _child_env(env: Mapping[str, str], metrics_dir: Path | None) -> dict[str, str]:
-    out = {k: v for k, v in env.items() if k.lower() != "prometheus_multiproc_dir"}
-    if metrics_dir is not None:
-        out["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
-    return out
-
-
-def describe_exit(code: int) -> str:
-    """``exited with code 1`` or ``was killed by SIGKILL``."""
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 @dataclass
@@ -271,48 +234,27 @@ class Supervisor:
 
     # -- one slot ----------------------------------------------------------------------------
     async def _spawn(self, c: _Child) -> None:
-        read_fd, write_fd = os.pipe()
         try:
-            c.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "worker.child", str(c.slot), str(write_fd),
-                str(os.getpid()),
-                env=self.child_env, stdin=subprocess.DEVNULL, pass_fds=(write_fd,),
-                process_group=0,
-            )
+            c.proc, report_fd = await launch.launch(c.slot, self.child_env)
         except OSError as exc:
-            os.close(read_fd)
             c.proc = None
             c.last_exit = f"failed to launch: {exc}"
             _log.error(f"worker process {c.slot} failed to launch: {exc}",
                        extra={"worker_process": c.slot})
             return
-        finally:
-            os.close(write_fd)
         c.state, c.port, c.reported, c.restart_at, c.killed = "starting", None, False, None, False
         c.started_at = time.monotonic()
-        c.report = asyncio.create_task(self._read_report(c, read_fd))
+        c.report = asyncio.create_task(self._started(c, report_fd))
         if self.stop_signal is not None:  # a stop began while it was being started
             c.state = "stopping"
             self._send(c, self.stop_signal)
 
-    async def _read_report(self, c: _Child, fd: int) -> None:
-        """Wait for the process's "consuming" line (or its end) on the report pipe."""
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
-        )
-        try:
-            line = await reader.readline()
-        finally:
-            transport.close()
-        if not line:
+    async def _started(self, c: _Child, report_fd: int) -> None:
+        """Wait for the process to report that it consumes (or to end first)."""
+        started = await launch.read_report(report_fd)
+        if started is None:
             return  # it ended before it consumed
-        try:
-            port = json.loads(line).get("port")
-        except (ValueError, AttributeError):
-            port = None
-        c.port = port if isinstance(port, int) else None
+        c.port = started.port
         c.reported = c.consumed = True
         if c.state == "starting":
             c.state = "running"
@@ -351,7 +293,7 @@ class Supervisor:
             await self._spawn(c)
 
     def _ended(self, c: _Child, code: int) -> None:
-        c.last_exit = describe_exit(code) if c.proc is not None else c.last_exit
+        c.last_exit = launch.describe_exit(code) if c.proc is not None else c.last_exit
         c.port = None
         c.state = "stopped"
         if c.proc is not None and self.metrics_dir is not None:

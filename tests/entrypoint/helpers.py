@@ -171,6 +171,24 @@ class Supervised(WorkerProcess):
         """The "worker process started" records: slot, pid, restarts."""
         return [r for r in self.events() if r.get("message") == "worker process started"]
 
+    def wait(self, condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        """:func:`wait_for`, failing with the supervisor's and its processes' log."""
+        try:
+            return wait_for(condition, timeout_s, what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the log:\n{self.log[-20000:]}") from None
+
+    def stop(self, timeout_s: float = 90.0) -> int:
+        """SIGTERM the supervisor and wait for its exit code (its log when it takes too long)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"the supervisor did not stop in {timeout_s} s:\n{self.log}"
+            ) from None
+
     def child_pids(self) -> set[int]:
         return {int(r["pid"]) for r in self.started()}
 

@@ -23,11 +23,12 @@ import redis
 from streamq import JobRequest, SyncQueue
 from streamq.keys import QueueKeys
 from tests.support.redis_server import free_port
+from worker.launch import child_env, describe_exit, metrics_dir
 from worker.settings import load_settings
-from worker.supervisor import Supervisor
+from worker.supervisor import Supervisor, shutdown_grace_s
 
 from .fleet_app import Tasks, Work
-from .helpers import ROOT, Supervised, alive, clean_env, http_get, wait_for
+from .helpers import ROOT, Supervised, alive, clean_env, http_get
 
 GROUP = "streamq"
 
@@ -115,9 +116,9 @@ def test_two_processes_both_consume_under_their_own_consumer_names_and_one_metri
     assert f.proc.pid not in pids
 
     jobs = add_tasks(sredis, prefix, 200, sleep_s=0.02)
-    wait_for(lambda: done(sredis, prefix) == jobs, 60, "every job to run")
+    f.wait(lambda: done(sredis, prefix) == jobs, 60, "every job to run")
 
-    names = wait_for(lambda: consumer_names(sredis, prefix) if
+    names = f.wait(lambda: consumer_names(sredis, prefix) if
                      all(of_pid(consumer_names(sredis, prefix), p) for p in pids) else None,
                      30, "both processes in XINFO CONSUMERS")
     assert len(names) == 2
@@ -131,11 +132,11 @@ def test_two_processes_both_consume_under_their_own_consumer_names_and_one_metri
         assert status == 200, body
         return metric_sum(body, "streamq_jobs_completed_total")
 
-    wait_for(lambda: completed() == 200, 30, "/metrics to count 200 completed jobs")
+    f.wait(lambda: completed() == 200, 30, "/metrics to count 200 completed jobs")
     _, body = http_get(port, "/metrics")
     assert metric_sum(body, "streamq_job_processing_seconds_count") == 200
     assert 'streamq_worker_processes{state="running"} 2.0' in body
-    assert f.terminate() == 0
+    assert f.stop() == 0, f.log
 
 
 def test_a_killed_process_is_restarted_and_its_jobs_are_reclaimed(
@@ -147,28 +148,28 @@ def test_a_killed_process_is_restarted_and_its_jobs_are_reclaimed(
                                 METRICS_HOST="127.0.0.1"), tmp_path)
     victim, survivor = f.wait_all_consuming()
     jobs = add_tasks(sredis, prefix, 40, sleep_s=1.5)
-    held = wait_for(lambda: sum(n for name, n in pending_by_consumer(sredis, prefix).items()
+    held = f.wait(lambda: sum(n for name, n in pending_by_consumer(sredis, prefix).items()
                                 if f"-{victim}-" in name), 30, "the victim to hold jobs")
 
     os.kill(victim, signal.SIGKILL)
     death = re.compile(rf"worker process \d \(pid {victim}\) was killed by SIGKILL; "
                        r"restarting it in [\d.]+ s")
-    wait_for(lambda: any(death.fullmatch(r.get("message", "")) for r in f.events()), 30,
+    f.wait(lambda: any(death.fullmatch(r.get("message", "")) for r in f.events()), 30,
              "the supervisor to log the death")
-    restarted = wait_for(lambda: [r for r in f.started() if r["restarts"] == 1], 60,
+    restarted = f.wait(lambda: [r for r in f.started() if r["restarts"] == 1], 60,
                          "a new process in the victim's place")
     new_pid = int(restarted[0]["pid"])
     assert new_pid not in (victim, survivor)
     assert alive(survivor)
 
     # Nothing lost: the jobs the victim held ran again elsewhere after their lock expired.
-    wait_for(lambda: done(sredis, prefix) == jobs, 90, "every job to run")
-    wait_for(lambda: not any(sredis.xlen(s) for s in shards(prefix)), 30, "empty streams")
+    f.wait(lambda: done(sredis, prefix) == jobs, 90, "every job to run")
+    f.wait(lambda: not any(sredis.xlen(s) for s in shards(prefix)), 30, "empty streams")
     assert not any(sredis.xlen(s.dead) for s in QueueKeys(prefix, "tasks", 2).shards)
     _, body = http_get(port, "/metrics")
     assert metric_sum(body, "streamq_jobs_reclaimed_total") >= 1, (held, body)
     assert "streamq_worker_process_restarts_total 1.0" in body
-    assert f.terminate() == 0
+    assert f.stop() == 0, f.log
 
 
 def test_healthz_fails_while_a_process_is_down_and_recovers(
@@ -178,23 +179,23 @@ def test_healthz_fails_while_a_process_is_down_and_recovers(
     f = start(fleets, fleet_env(redis_url, prefix, METRICS_PORT=str(port),
                                 METRICS_HOST="127.0.0.1"), tmp_path)
     pids = f.wait_all_consuming()
-    wait_for(lambda: http_get(port, "/healthz")[0] == 200, 30, "/healthz to pass")
-    wait_for(lambda: http_get(port, "/readyz")[0] == 200, 30, "/readyz to pass")
+    f.wait(lambda: http_get(port, "/healthz")[0] == 200, 30, "/healthz to pass")
+    f.wait(lambda: http_get(port, "/readyz")[0] == 200, 30, "/readyz to pass")
 
     slot = next(r["worker_process"] for r in f.started() if r["pid"] == pids[1])
     os.kill(pids[1], signal.SIGKILL)
     # Until the supervisor sees the death, the process fails health by not answering.
     down = f"worker process {slot} is down (was killed by SIGKILL); restarting"
-    status, body = wait_for(lambda: (lambda got: got if down in got[1] else None)(
+    status, body = f.wait(lambda: (lambda got: got if down in got[1] else None)(
         http_get(port, "/healthz")), 30, "/healthz to say the process is down")
     assert status == 503
     assert '"status": "fail"' in body
     assert http_get(port, "/readyz")[0] == 503
 
-    wait_for(lambda: http_get(port, "/healthz")[0] == 200, 60, "/healthz to recover")
+    f.wait(lambda: http_get(port, "/healthz")[0] == 200, 60, "/healthz to recover")
     status, body = http_get(port, "/healthz")
-    assert '"restarts": 1' in body
-    assert f.terminate() == 0
+    assert '"restarts": 1' in body, body
+    assert f.stop() == 0, f.log
 
 
 def test_sigterm_stops_every_process_gracefully_leaving_nothing_pending(
@@ -204,23 +205,22 @@ def test_sigterm_stops_every_process_gracefully_leaving_nothing_pending(
     f = start(fleets, fleet_env(redis_url, prefix), tmp_path)
     pids = f.wait_all_consuming()
     jobs = add_tasks(sredis, prefix, 60, sleep_s=0.5)
-    wait_for(lambda: all(of_pid(pending_by_consumer(sredis, prefix), p) for p in pids), 30,
+    f.wait(lambda: all(of_pid(pending_by_consumer(sredis, prefix), p) for p in pids), 30,
              "both processes to hold jobs")
 
-    f.proc.send_signal(signal.SIGTERM)
-    assert f.proc.wait(60) == 0, f.log
+    assert f.stop() == 0, f.log
     events = f.events()
     stopped = {r.get("worker_process") for r in events if r.get("message") == "stopped"
                and "worker_process" in r}
-    assert stopped == {0, 1}
+    assert stopped == {0, 1}, f.log
     assert events[-1]["message"] == "stopped"  # the supervisor's last word
     assert events[-1]["exit_code"] == 0
     assert not any(alive(p) for p in pids)
     # Every job either ran or is back in the stream for the next worker; none is held.
-    assert sum(pending_by_consumer(sredis, prefix).values()) == 0
+    assert sum(pending_by_consumer(sredis, prefix).values()) == 0, f.log
     left = sum(sredis.xlen(s) for s in shards(prefix))
-    assert len(done(sredis, prefix)) + left == len(jobs)
-    assert consumer_names(sredis, prefix) == set()  # both left the group
+    assert len(done(sredis, prefix)) + left == len(jobs), f.log
+    assert consumer_names(sredis, prefix) == set(), f.log  # both left the group
 
 
 def test_second_signal_stops_at_once_and_kills_a_process_that_does_not(
@@ -230,12 +230,12 @@ def test_second_signal_stops_at_once_and_kills_a_process_that_does_not(
     f = start(fleets, fleet_env(redis_url, prefix), tmp_path)
     pids = f.wait_all_consuming()
     SyncQueue(Tasks, sredis, prefix=prefix).add(Tasks.task, Work(n=1, block_s=60))
-    blocked = wait_for(lambda: next((p for p in pids
+    blocked = f.wait(lambda: next((p for p in pids
                                      if of_pid(pending_by_consumer(sredis, prefix), p)), None),
                        30, "a process to run the blocking job")
 
     f.proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: any(r.get("message", "").startswith("shutting down gracefully")
+    f.wait(lambda: any(r.get("message", "").startswith("shutting down gracefully")
                          and "worker_process" not in r for r in f.events()), 30,
              "the supervisor to begin the shutdown")
     began = time.monotonic()
@@ -305,3 +305,34 @@ async def test_a_process_still_running_after_the_grace_period_is_killed_and_said
     assert any(m.startswith(f"worker process 0 (pid {pid}) did not stop within 1 s: killing it "
                             "(SIGKILL)") for m in said), said
     assert not alive(pid)
+
+
+# -- the parts, without processes -------------------------------------------------------------
+def test_the_grace_period_is_the_longest_shutdown_timeout_then_the_settle_wait_and_a_margin(
+) -> None:
+    env = {**fleet_env("redis://127.0.0.1:1/0", "p"), "QUEUE_TASKS_SHUTDOWN_TIMEOUT": "12"}
+    settings, app = load_settings(env)
+    assert shutdown_grace_s(settings, app) == 12 + 12 + 5
+    settings, app = load_settings({**env, "QUEUE_TASKS_SHUTDOWN_TIMEOUT": "1"})
+    assert shutdown_grace_s(settings, app) == 1 + 5 + 5  # the settle wait is at least 5 s
+
+
+def test_a_process_end_is_said_by_code_or_signal() -> None:
+    assert describe_exit(0) == "exited with code 0"
+    assert describe_exit(2) == "exited with code 2"
+    assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
+
+
+def test_worker_processes_get_the_fresh_metrics_directory_whatever_the_environment_said(
+    tmp_path: Path,
+) -> None:
+    given = {"A": "1", "PROMETHEUS_MULTIPROC_DIR": "/old", "prometheus_multiproc_dir": "/x"}
+    assert child_env(given, tmp_path) == {"A": "1", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    assert child_env(given, None) == {"A": "1"}
+    with metrics_dir(enabled=True) as path:
+        assert path is not None
+        assert path.is_dir()
+        assert not any(path.iterdir())
+    assert not path.exists()
+    with metrics_dir(enabled=False) as nothing:
+        assert nothing is None

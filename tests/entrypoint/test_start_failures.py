@@ -151,7 +151,7 @@ def test_an_incompatible_recorded_contract_exits_2_unless_told_to_start_anyway(
     done = run_worker(env)
     assert done.returncode == 2, done.stderr
     assert '"variable": "WORKER_APP"' in done.stderr
-    assert "WORKER_REFUSE_INCOMPATIBLE_CONTRACT=false starts anyway" in done.stderr
+    assert "WORKER_REFUSE_INCOMPATIBLE_CONTRACT=false" in done.stderr  # how to start anyway
     assert_no_traceback(done.stderr)
 
     w = WorkerProcess({**env, "WORKER_REFUSE_INCOMPATIBLE_CONTRACT": "false"},
