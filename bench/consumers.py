@@ -92,7 +92,8 @@ class ProducerProcess:
                  batch: int = 100, rate: float = 200.0) -> None:
         args = [sys.executable, "-m", "bench.producer_proc", "--url", url, "--prefix", prefix,
                 "--n", str(n), "--mode", mode, "--batch", str(batch), "--rate", str(rate)]
-        env = {**os.environ, "PYTHONPATH": str(_ROOT)}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      cwd=_ROOT, env=env, text=True)
         assert self.proc.stdout is not None

@@ -27,7 +27,7 @@ from typing import Any
 import redis
 import redis.utils
 
-from bench import consumers, memory, producers, report, stats
+from bench import consumers, memory, producers, report, scenarios, stats
 from bench.redis_server import BenchRedis
 
 CONCURRENCY = (1, 10, 100)
@@ -47,17 +47,21 @@ class Sizes:
     backlogs: tuple[int, ...]
     backlog_jobs: int
     repeat: int
+    scenario_n: dict[str, int]
+    """Jobs per run of each processing scenario (:data:`bench.scenarios.SCENARIOS`)."""
     scaling_concurrency: int = 100
     labels: dict[str, str] = field(default_factory=dict)
 
 
 QUICK = Sizes(one_n=300, bulk_n=2_000, batch=500, raw_consume_n=2_000,
               consume_n={1: 200, 10: 1_000, 100: 2_000}, latency_rate=200, latency_s=1.0,
-              memory_n=2_000, backlogs=(500, 2_000, 5_000), backlog_jobs=400, repeat=1)
+              memory_n=2_000, backlogs=(500, 2_000, 5_000), backlog_jobs=400, repeat=1,
+              scenario_n={"a-c10": 300, "a-c100": 1_000, "b-c10": 300, "c-c100": 1_000})
 FULL = Sizes(one_n=20_000, bulk_n=200_000, batch=500, raw_consume_n=200_000,
              consume_n={1: 10_000, 10: 50_000, 100: 200_000}, latency_rate=200,
              latency_s=10.0, memory_n=100_000, backlogs=(10_000, 100_000, 1_000_000),
-             backlog_jobs=8_000, repeat=3)
+             backlog_jobs=8_000, repeat=3,
+             scenario_n={"a-c10": 20_000, "a-c100": 30_000, "b-c10": 20_000, "c-c100": 50_000})
 
 
 class Runner:
@@ -174,6 +178,12 @@ class Runner:
                     out["streamq"].append(row)
         return out
 
+    def scenarios(self) -> dict[str, Any]:
+        self.log("processing scenarios (each run in a process of its own; per-job work)")
+        got = self.rounds(scenarios.runs(self.url, self.template, self.prefix,
+                                         self.sizes.scenario_n))
+        return scenarios.collect(got)
+
     def latency(self) -> dict[str, Any]:
         s = self.sizes
         self.log("latency")
@@ -258,7 +268,8 @@ def meta(args: argparse.Namespace, server: BenchRedis, url: str) -> dict[str, An
         "hiredis": bool(redis.utils.HIREDIS_AVAILABLE),
         "metrics": consumers.metrics_hooks()[1],
         "worker_process": "in-process: the benchmark process is the one worker process while "
-                          "it measures; a concurrent producer runs in a child process",
+                          "it measures; a concurrent producer runs in a child process; each "
+                          "processing-scenario run is a process of its own",
         "worker_options": {"lock_duration_s": consumers.LOCK_S,
                            "stalled_interval_s": consumers.STALLED_S},
     }
@@ -293,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{results['meta']['hiredis']}; metrics {results['meta']['metrics']}")
         results["producer"] = runner.producer()
         results["consumer"] = runner.consumer()
+        results["scenarios"] = runner.scenarios()
         results["latency"] = runner.latency()
         results["memory"] = runner.memory()
         results["scaling"] = runner.scaling()

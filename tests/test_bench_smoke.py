@@ -17,8 +17,8 @@ import pytest
 from tests.support.redis_server import find_binary
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("meta", "producer", "consumer", "latency", "memory", "scaling", "redis_cost",
-            "ratios", "targets")
+SECTIONS = ("meta", "producer", "consumer", "scenarios", "latency", "memory", "scaling",
+            "redis_cost", "ratios", "targets")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=110,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=150,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
@@ -63,14 +63,43 @@ def test_quick_benchmark_writes_every_section_and_the_tables(quick_run: Path) ->
     assert len(results["targets"]) == 9
     assert all(isinstance(t["met"], bool) for t in results["targets"])
     md = (quick_run / "latest.md").read_text()
-    for heading in ("## Targets", "## Producer", "## Consumer", "## Redis cost",
-                    "## Latency", "## Redis memory", "## Scaling"):
+    for heading in ("## Targets", "## Producer", "## Consumer", "## Processing scenarios",
+                    "## Redis cost", "## Latency", "## Redis memory", "## Scaling"):
         assert heading in md
+
+
+def test_quick_benchmark_measures_each_processing_scenario_against_its_baseline(
+    quick_run: Path,
+) -> None:
+    scenarios = json.loads((quick_run / "latest.json").read_text())["scenarios"]
+    rows = {(r["scenario"], r["concurrency"]): r for r in scenarios["rows"]}
+    assert set(rows) == {("a", 10), ("a", 100), ("b", 10), ("c", 100)}
+    for key, row in rows.items():
+        sq, raw = row["streamq"], row["raw"]
+        assert sq["rate"] > 0, key
+        assert raw["rate"] > 0, key
+        assert row["ratio"] == pytest.approx(sq["rate"] / row["baseline_rate"]), key
+        # Reads and settles are queue commands; the processor's own INCR (one per job in
+        # scenarios a and b) is sent but not counted as the queue's.
+        assert sq["queue_cmds_per_job"] > 0, key
+        if key[0] in "ab":
+            assert sq["client_cmds_per_job"] >= 1 + sq["queue_cmds_per_job"], key
+        assert 0 < raw["queue_cmds_per_job"] <= 1, key
+        assert 0 < sq["rss_idle_mb"] <= sq["rss_peak_mb"], key
+        assert sq["redis_cpu_us_per_job"] > 0, key
+    assert rows[("c", 100)]["bound"] == 20_000
+    assert rows[("c", 100)]["baseline_rate"] == 20_000
+    assert rows[("a", 10)]["work_alone"]["rate"] > 0
+    assert rows[("c", 100)]["work_alone"] is None
+    # Batch processors and several worker processes come later: named, never given figures.
+    assert [p["scenario"] for p in scenarios["pending"]] == ["d", "e"]
+    md = (quick_run / "latest.md").read_text()
+    assert md.count("not measured yet") == 2
 
 
 def test_quick_benchmark_ratios_are_positive_numbers(quick_run: Path) -> None:
     ratios = json.loads((quick_run / "latest.json").read_text())["ratios"]
-    assert len(ratios) >= 4 + 12
+    assert len(ratios) >= 4 + 12 + 4
     for name, value in ratios.items():
         assert isinstance(value, float), name
         assert math.isfinite(value), name
