@@ -86,7 +86,21 @@ class Dispatcher:
         self.last_started = time.monotonic()
         self.last_grant_denied = False
         self.batches_active = 0
-        self.jobs: set[asyncio.Task[None]] = set()
+        self.jobs: dict[asyncio.Task[None], list[tuple[int, str]]] = {}
+        """Each job (or batch) task and the entries it runs."""
+
+    def _track(self, task: asyncio.Task[None], keys: list[tuple[int, str]]) -> None:
+        self.jobs[task] = keys
+        task.add_done_callback(self._untrack)
+
+    def _untrack(self, task: asyncio.Task[None]) -> None:
+        self.jobs.pop(task, None)
+
+    def processing(self, tasks: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:
+        """Those of ``tasks`` whose processor still runs (the others only wait for Redis to
+        answer their settle: cancelling them would lose the outcome's report)."""
+        running = self.runner.running
+        return {t for t in tasks if any(k in running for k in self.jobs.get(t, ()))}
 
     def wedged_for(self, now: float | None = None) -> float:
         """Seconds the lane has held buffered entries with free slots and started none.
@@ -165,8 +179,7 @@ class Dispatcher:
         self.last_started = time.monotonic()
         self.ctx.hooks.active_changed(self.ctx.name, self.intake.active)
         task = asyncio.get_running_loop().create_task(self._guarded_batch(entries))
-        self.jobs.add(task)
-        task.add_done_callback(self.jobs.discard)
+        self._track(task, [(e.shard, e.entry_id) for e in entries])
 
     async def _guarded_batch(self, entries: list[Entry]) -> None:
         freed = 0
@@ -197,8 +210,7 @@ class Dispatcher:
         self.last_started = time.monotonic()
         self.ctx.hooks.active_changed(self.ctx.name, self.intake.active)
         task = asyncio.get_running_loop().create_task(self._guarded(entry))
-        self.jobs.add(task)
-        task.add_done_callback(self.jobs.discard)
+        self._track(task, [(entry.shard, entry.entry_id)])
 
     async def _guarded(self, entry: Entry) -> None:
         shard = self.ctx.shards[entry.shard]

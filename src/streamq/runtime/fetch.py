@@ -1,7 +1,8 @@
 """Fetching within the bound: running + buffered never exceeds ``concurrency + prefetch``.
 
-A reader refills when a quarter of the lane's places is free (or the lane would go idle),
-so a read brings several entries even when jobs finish one at a time.
+While settles flow, the next read rides in the same round trip (:meth:`Reader.rider`), so
+a read brings several entries even when jobs finish one at a time; otherwise the blocking
+reader reads whatever room there is.
 
 ``XREADGROUP``'s ``COUNT`` applies **per stream**: one read over S shards with COUNT n can
 return S x n entries. So a read over every shard asks each for ``room // S``; when the room
@@ -172,8 +173,20 @@ def _resolve(fut: asyncio.Future[None]) -> None:
 
 
 async def ensure_groups(ctx: LaneContext) -> None:
-    """Create the consumer group on every shard's stream (and the stream) if missing."""
+    """Create the consumer group on every shard's stream (and the stream) if missing.
+
+    Looks first (a read): Redis refuses ``XGROUP CREATE`` under ``maxmemory`` even when the
+    group exists, and a worker must be able to start and drain a backlog then.
+    """
     for s in ctx.shards:
+        try:
+            groups = await ctx.client.xinfo_groups(s.stream)
+        except ResponseError as exc:
+            if "no such key" not in str(exc).lower():
+                raise
+            groups = []
+        if any(_text(g["name"]) == ctx.group for g in groups):
+            continue
         try:
             await ctx.client.xgroup_create(s.stream, ctx.group, id="0", mkstream=True)
         except ResponseError as exc:
@@ -259,17 +272,14 @@ class Reader:
         self._by_stream = {s.stream.encode(): s for s in self.shards}
         self._rotate = 0
         self.reads = 0
-        self.refill_at = min(intake.bound, max(1, -(-intake.concurrency // 4)))
 
     def _should_read(self) -> bool:
-        # Refill once a quarter of the slots is free, or when the lane would go idle: not one
-        # read per freed slot (a round trip per job under staggered completions).
-        intake = self.intake
-        room = intake.room()
-        if room > 0 and not intake.buffer and intake.active == 0:
-            return True  # the lane would go idle
-        # While settles are on their way the next read rides with them (see rider()).
-        return room >= self.refill_at and (self.readers > 1 or not self.settling())
+        # While settles are on their way the next read rides with them (see rider()): not
+        # one blocking read per freed slot. Otherwise any room is read at once: a slot freed
+        # while long jobs run must not wait for them to end.
+        if self.intake.room() <= 0:
+            return False
+        return self.readers > 1 or not self.settling()
 
     async def run(self) -> None:
         """Read until the lane closes; errors propagate to the supervisor."""
@@ -331,10 +341,14 @@ class Reader:
         return self._keep(self._entries(reply))
 
     def _keep(self, entries: list[Entry]) -> int:
-        """Hold what a read returned: up to the room, the excess handed back at once."""
+        """Hold what a read returned: up to the room, the excess handed back at once.
+
+        A reply that arrives once the lane is closing (a read riding a flush already in
+        flight) is handed back whole: the buffer was released already.
+        """
         if not entries:
             return 0
-        room = max(0, self.intake.room())
+        room = 0 if self.closing() else max(0, self.intake.room())
         keep, excess = entries[:room], entries[room:]
         self.on_taken(entries)
         if keep:

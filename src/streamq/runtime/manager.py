@@ -30,6 +30,7 @@ from streamq.contracts import Lane, QueueContract
 from streamq.errors import (
     ConfigurationError,
     IncompatibleContract,
+    RedisOutOfMemory,
     RedisUnavailable,
     RegistrationError,
     UnsafeRedisConfig,
@@ -335,7 +336,12 @@ class WorkerManager:
                     changes=breaking,
                 )
             _log.error(msg + "; starting anyway as configured", extra={"queue": w.name})
-        await fingerprint.record_contract(client, keys, w.contract)
+        try:
+            await fingerprint.record_contract(client, keys, w.contract)
+        except RedisOutOfMemory:
+            # Redis at maxmemory refuses the write: start anyway, draining frees memory.
+            _log.warning("cannot record the contract: Redis is out of memory; starting "
+                         "anyway", extra={"queue": w.name})
 
     async def _run_startup_hooks(self) -> None:
         self._hooks_started = True

@@ -235,11 +235,19 @@ class Worker:
         # promoting and reclaiming first (a claim would hand this worker entries to hold).
         await stop_tasks([t for n, t in tasks.items() if n != "settler"])
         self._hand_back(self.intake.drain())
+        pending: set[asyncio.Task[None]] = set()
         if self.dispatcher.jobs:
             _done, pending = await asyncio.wait(set(self.dispatcher.jobs), timeout=timeout)
-            # A cancelled processor may still clean up: re-cancel it only now and then.
-            await stop_tasks(pending, every_s=1.0)
+            # Cancel only processors still running (their jobs are released). A task whose
+            # processor returned waits for its settle's answer, which _settle_all brings (or
+            # gives up on: "unsettled"); it reports the outcome. A cancelled processor may
+            # still clean up: re-cancel it only now and then.
+            await stop_tasks(self.dispatcher.processing(pending), every_s=1.0)
         await self._settle_all(max(5.0, timeout))
+        left = {t for t in pending if not t.done()}
+        if left:
+            _done, left = await asyncio.wait(left, timeout=5.0)
+            await stop_tasks(left)
         with contextlib.suppress(Exception):
             await heartbeat.reconcile_pending(self.ctx, self.held)
         self.renewer.stop()
