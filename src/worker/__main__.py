@@ -40,6 +40,7 @@ from worker.settings import (
     AppImportError,
     Settings,
     SettingsError,
+    apply_app_config,
     load_settings,
     worker_overrides,
 )
@@ -140,6 +141,9 @@ async def run(
         otlp_endpoint=settings.otlp_endpoint,
         service_name=settings.otel_service_name,
     )
+    # SCHEDULER_IS_ENABLED, SCHEDULE_<NAME>_IS_ENABLED, RUNNER_<NAME>_IS_ENABLED: set on the
+    # app here, so every worker process (a supervisor's children too) obeys them.
+    apply_app_config(settings, app)
     url = await asyncio.to_thread(resolve_redis_url, settings)
     manager = WorkerManager(
         redis_url=url,
@@ -254,7 +258,12 @@ def _report(exc: Exception, settings: Settings) -> int:
     extra = {"error_type": type(exc).__name__}
     if failure.variable is not None:
         extra["variable"] = failure.variable
-    if failure.unexpected:
+    if failure.cause is not None:
+        # Where the user's code failed, then the one line saying so, last.
+        _log.error("the traceback of %s", failure.subject, exc_info=failure.cause,
+                   extra={**extra, "error_type": type(failure.cause).__name__})
+        _log.error("%s", failure.message, extra=extra)
+    elif failure.unexpected:
         _log.exception("%s", failure.message, extra=extra)
     elif failure.code == EXIT_USAGE:
         _log.error("cannot start: %s", failure.message, extra=extra)

@@ -34,6 +34,7 @@ from streamq.errors import (
     RedisRefused,
     RedisUnavailable,
     RegistrationError,
+    StartupHookFailed,
     StreamqError,
     UnsafeRedisConfig,
 )
@@ -52,17 +53,33 @@ _OVERRIDE_CONTRACT = "WORKER_REFUSE_INCOMPATIBLE_CONTRACT"
 class Failure:
     """How the process ends: ``code``, a one-line ``message``, the ``variable`` to change.
 
-    ``unexpected`` failures (not a known refusal) are logged with their traceback.
+    ``unexpected`` failures (not a known refusal) are logged with their traceback. A failure
+    of the app's own code (a startup hook) has a ``cause``, whose traceback is logged before
+    the message; ``subject`` names that code.
     """
 
     code: int
     message: str
     variable: str | None = None
     unexpected: bool = False
+    cause: BaseException | None = None
+    subject: str = ""
 
 
 def explain(exc: BaseException, settings: Settings) -> Failure:
     """The :class:`Failure` that ``exc``, raised while starting or running, stands for."""
+    if isinstance(exc, StartupHookFailed):
+        # The hook's own failure, whatever it is: its ConnectionRefusedError is its database
+        # refusing, not Redis, so the cause chain is not searched for a Redis refusal.
+        cause = exc.__cause__
+        if cause is None:
+            message = _line(exc)
+        else:
+            text = " ".join(str(cause).split())
+            what = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+            message = f"startup hook {exc.hook} failed: {what}"
+        return Failure(EXIT_FAILED, message, cause=cause if cause is not None else exc,
+                       subject=f"startup hook {exc.hook}")
     where = location(settings.redis_url, settings.embedded_port)
     found = _refusal(exc, settings, where) or _typed(exc, settings)
     if found is not None:

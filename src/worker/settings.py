@@ -24,6 +24,8 @@ from typing import Any, Literal, cast
 from streamq.app import App
 from streamq.errors import ConfigurationError
 from streamq.options import Limiter
+from streamq.runners import RunnerConfig
+from streamq.schedules import SchedulerConfig, flag_name
 from worker.loops import EVENT_LOOPS, EventLoop, uvloop_installed
 from worker.redis_url import check_redis_url
 
@@ -33,6 +35,7 @@ __all__ = [
     "QueueOverrides",
     "Settings",
     "SettingsError",
+    "apply_app_config",
     "cpu_count",
     "enable_flag",
     "env_name",
@@ -48,6 +51,10 @@ _TRUE = frozenset({"true", "1", "yes"})
 _FALSE = frozenset({"false", "0", "no"})
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _FLAG_RE = re.compile(r"^QUEUE_CONSUMER_(?P<lane>.+)_IS_ENABLED$")
+# Only the flag shape is ours: other RUNNER_* / SCHEDULE_* variables (a CI runner's
+# RUNNER_OS, RUNNER_TEMP...) belong to someone else and are left alone.
+_SCHEDULE_FLAG_RE = re.compile(r"^SCHEDULE_.+_IS_ENABLED$")
+_RUNNER_FLAG_RE = re.compile(r"^RUNNER_.+_IS_ENABLED$")
 
 DEFAULT_EMBEDDED_PORT = 6390
 MAX_PROCESSES = 1024
@@ -228,6 +235,9 @@ class Settings:
     otel_service_name: str = "streamq-worker"
     queues: tuple[str, ...] = ()
     overrides: Mapping[str, QueueOverrides] = field(default_factory=dict)
+    scheduler_enabled: bool = True
+    disabled_schedules: frozenset[str] = frozenset()
+    runners_enabled: Mapping[str, bool] = field(default_factory=dict)
 
     @property
     def embedded(self) -> bool:
@@ -324,14 +334,52 @@ def _queue_variables(
     return ordered, overrides
 
 
-def parse_settings(env: Mapping[str, str], *, lanes: Iterable[str]) -> Settings:
-    """Parse every setting from ``env``; ``lanes`` are the lane names that have a processor.
+def _schedule_variables(
+    env: Mapping[str, str], schedules: Sequence[str], reader: _Reader
+) -> frozenset[str]:
+    """The schedules disabled by ``SCHEDULE_<NAME>_IS_ENABLED=false``."""
+    by_flag = {flag_name(name): name for name in schedules}
+    known = ", ".join(schedules) or "(none: the app declares no schedule)"
+    disabled = set()
+    for name in sorted(k for k in env if _SCHEDULE_FLAG_RE.match(k)):
+        schedule = by_flag.get(name)
+        if schedule is None:
+            reader.problems.append((name, f"unknown schedule; declared schedules: {known}"))
+        elif not reader.get(name, parse_bool, True):
+            disabled.add(schedule)
+    return frozenset(disabled)
+
+
+def _runner_variables(
+    env: Mapping[str, str], runners: Sequence[str], reader: _Reader
+) -> dict[str, bool]:
+    """Every declared runner: whether ``RUNNER_<NAME>_IS_ENABLED`` (default true) runs it."""
+    by_flag = {RunnerConfig.flag(name): name for name in runners}
+    known = ", ".join(runners) or "(none: the app declares no runner)"
+    for name in sorted(k for k in env if _RUNNER_FLAG_RE.match(k)):
+        if name not in by_flag:
+            reader.problems.append((name, f"unknown runner; declared runners: {known}"))
+    return {name: bool(reader.get(flag, parse_bool, True)) for flag, name in by_flag.items()}
+
+
+def parse_settings(
+    env: Mapping[str, str],
+    *,
+    lanes: Iterable[str],
+    schedules: Iterable[str] = (),
+    runners: Iterable[str] = (),
+) -> Settings:
+    """Parse every setting from ``env``; ``lanes`` are the lane names that have a processor,
+    ``schedules`` and ``runners`` the names of the app's schedules and runners.
 
     Raises:
-        SettingsError: a variable is missing, empty, malformed or unknown, or no queue is
-            enabled. The message names every variable at fault.
+        SettingsError: a variable is missing, empty, malformed or unknown, or nothing would
+            run (no queue enabled, and no runner or schedule either). The message names
+            every variable at fault.
     """
     lanes = list(lanes)
+    schedules = list(schedules)
+    runners = list(runners)
     r = _Reader(env)
     app = r.get("WORKER_APP", str.strip, None)
     if app is None and "WORKER_APP" not in env:
@@ -341,6 +389,9 @@ def parse_settings(env: Mapping[str, str], *, lanes: Iterable[str]) -> Settings:
     if cluster and redis_url is None and "REDIS_URL" not in env:
         r.problems.append(("REDIS_CLUSTER", "needs REDIS_URL (the embedded Redis is one node)"))
     queues, overrides = _queue_variables(env, lanes, r)
+    scheduler_enabled = r.get("SCHEDULER_IS_ENABLED", parse_bool, True)
+    disabled_schedules = _schedule_variables(env, schedules, r)
+    runners_enabled = _runner_variables(env, runners, r)
     settings = Settings(
         app=app or "",
         redis_url=redis_url,
@@ -372,12 +423,22 @@ def parse_settings(env: Mapping[str, str], *, lanes: Iterable[str]) -> Settings:
         otel_service_name=r.get("OTEL_SERVICE_NAME", str.strip, "streamq-worker"),
         queues=queues,
         overrides=overrides,
+        scheduler_enabled=scheduler_enabled,
+        disabled_schedules=disabled_schedules,
+        runners_enabled=runners_enabled,
     )
-    if not queues and not r.problems:
+    # A process of runners (or schedules) alone consumes no queue: that is a deployment, not
+    # a mistake. Only a process with nothing at all to run is refused.
+    schedules_run = scheduler_enabled and any(n not in disabled_schedules for n in schedules)
+    if not queues and not r.problems and not schedules_run and not any(
+        runners_enabled.values()
+    ):
         flags = "\n    ".join(f"{enable_flag(lane)}=true" for lane in lanes) or "(none)"
+        also = (" (and every runner and schedule is disabled)" if runners or schedules
+                else "")
         r.problems.append((
             "QUEUE_CONSUMER_*_IS_ENABLED",
-            f"no queue is enabled; set at least one of:\n    {flags}",
+            f"no queue is enabled{also}; set at least one of:\n    {flags}",
         ))
     if r.problems:
         raise SettingsError(r.problems)
@@ -531,6 +592,23 @@ def load_settings(env: Mapping[str, str]) -> tuple[Settings, App]:
         what = "is required" if ref is None else "is set but empty"
         raise SettingsError([("WORKER_APP", f"{what}; e.g. WORKER_APP=myapp.worker:app")])
     app = load_app(ref.strip())
-    settings = parse_settings(env, lanes=app.lane_names())
+    settings = parse_settings(env, lanes=app.lane_names(), schedules=list(app.schedules),
+                              runners=list(app.runners))
     worker_overrides(settings, app)
     return settings, app
+
+
+def apply_app_config(settings: Settings, app: App) -> None:
+    """Set ``app.scheduler_config`` and ``app.runner_config`` from the ``SCHEDULER_*``,
+    ``SCHEDULE_<NAME>_IS_ENABLED`` and ``RUNNER_<NAME>_IS_ENABLED`` settings; an app without
+    schedules (runners) keeps its default.
+
+    Raises:
+        ConfigurationError: the settings name a schedule or runner the app does not declare
+            (settings parsed against another app).
+    """
+    if app.schedules:
+        app.scheduler_config = SchedulerConfig(enabled=settings.scheduler_enabled,
+                                               disabled=settings.disabled_schedules)
+    if app.runners:
+        app.runner_config = RunnerConfig(enabled=dict(settings.runners_enabled))

@@ -61,6 +61,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("WORKER_REFUSE_INCOMPATIBLE_CONTRACT", "bool", "true",
              "refuse to start when the contract recorded in Redis is incompatible with the "
              "app's; false logs the breaking changes at ERROR and starts"),
+    Variable("SCHEDULER_IS_ENABLED", "bool", "true",
+             "run the app's schedules in this process (each where its queue is consumed); "
+             "false enqueues none of them here"),
     Variable("STREAMQ_DATA_DIR", "path", ".streamq",
              "data directory of the embedded Redis (only without REDIS_URL)"),
     Variable("STREAMQ_EMBEDDED_PORT", "int 1..65535", "6390",
@@ -83,15 +86,28 @@ _QUEUES = """\
 Per queue lane (<QUEUE>: the lane name upper-cased, '-' as '_'; only lanes with a
 processor in the app are known, and any other QUEUE_* variable is an error):
   QUEUE_CONSUMER_<QUEUE>_IS_ENABLED  bool [false]
-      consume this lane; at least one must be true
+      consume this lane; at least one must be true, unless a runner or schedule is
+      enabled
   QUEUE_<QUEUE>_<OPTION>  [the processor's option]
       override one worker option of the lane; <OPTION> is one of:
+"""
+
+_FLAGS = """\
+Per schedule and per runner (<NAME>: the name upper-cased, '-' as '_'; only the app's
+schedules and runners are known, and any other SCHEDULE_*_IS_ENABLED or
+RUNNER_*_IS_ENABLED variable is an error):
+  SCHEDULE_<NAME>_IS_ENABLED  bool [true]
+      enqueue this schedule from this process (SCHEDULER_IS_ENABLED=false stops them all)
+  RUNNER_<NAME>_IS_ENABLED  bool [true]
+      run this runner in this process
+A process with no queue enabled starts when a runner or a schedule is enabled.
 """
 
 _EXIT = """\
 Exit codes:
   0  stopped by SIGTERM/SIGINT after a graceful shutdown (or --help)
-  1  Redis unreachable at start, the worker failed, or a second signal forced the stop
+  1  Redis unreachable at start, a startup hook failed, the worker failed, or a second
+     signal forced the stop
      (several processes: also a process that had to be killed at shutdown)
   2  bad configuration: a variable, an argument, the app, or what Redis refused at start
 """
@@ -109,5 +125,6 @@ def usage() -> str:
     out.append("\n" + _QUEUES)
     for name, opt in QUEUE_OPTIONS.items():
         out.append(f"{_INDENT}  {name:<20} {opt.doc}\n")
+    out.append("\n" + _FLAGS)
     out.append("\n" + _EXIT)
     return "".join(out)

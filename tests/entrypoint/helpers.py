@@ -20,9 +20,16 @@ _OURS = ("QUEUE_", "REDIS_", "WORKER_", "STREAMQ_", "METRICS_", "LOG_", "LIVENES
          "ALLOW_UNSAFE")
 
 
+def _flag(name: str) -> bool:
+    """A schedule or runner flag of the worker (other RUNNER_* variables are not ours)."""
+    return name == "SCHEDULER_IS_ENABLED" or (
+        name.startswith(("SCHEDULE_", "RUNNER_")) and name.endswith("_IS_ENABLED")
+    )
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The test process's environment without any worker setting, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_OURS)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_OURS) and not _flag(k)}
     # A worker that has to be killed first dumps its threads' stacks into its log.
     env["PYTHONFAULTHANDLER"] = "1"
     env.update(extra)
