@@ -15,19 +15,30 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent(
     """
-    import asyncio, importlib.abc, json, sys, traceback
+    import asyncio, importlib.abc, json, os, sys
 
     BLOCKED = ("prometheus_client", "opentelemetry")
     importers = []
+
+    def importer():
+        # The module whose code asked for the import: the innermost frame outside this
+        # finder and the import machinery. Named by its module name, not its file path: a
+        # path test would also match the venv's site-packages when the checkout folder
+        # happens to be called "streamq".
+        frame = sys._getframe(2)
+        while frame is not None:
+            module = frame.f_globals.get("__name__") or ""
+            if module != "importlib" and not module.startswith("importlib."):
+                return module, os.path.realpath(frame.f_code.co_filename)
+            frame = frame.f_back
+        return "", ""
 
     class Missing(importlib.abc.MetaPathFinder):
         # Behave as if the extras were not installed, and note who asked for them.
         def find_spec(self, name, path, target=None):
             if name.split(".")[0] not in BLOCKED:
                 return None
-            frames = [f.filename for f in traceback.extract_stack()
-                      if "importlib" not in f.filename and f.filename != "<string>"]
-            importers.append((name, frames[-1] if frames else ""))
+            importers.append((name, *importer()))
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
     sys.meta_path.insert(0, Missing())
@@ -74,8 +85,9 @@ SCRIPT = textwrap.dedent(
     out = asyncio.run(main(sys.argv[1], sys.argv[2]))
     out["loaded"] = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
     out["streamq_importers"] = [
-        (n, f) for n, f in importers if "/streamq/" in f.replace("\\\\", "/")
+        (n, m, f) for n, m, f in importers if m == "streamq" or m.startswith("streamq.")
     ]
+    out["streamq_dir"] = os.path.dirname(os.path.realpath(streamq.__file__))
     print(json.dumps(out))
     """
 )
@@ -98,8 +110,12 @@ def test_a_worker_runs_without_the_extras_and_streamq_never_imports_them(
     assert out["loaded"] == []
     # Only the adapters ask for their library (and fail with a hint), and build_hooks probes
     # for them; no core module does.
-    askers = {f.rsplit("/", 1)[-1] for _, f in out["streamq_importers"]}
-    assert askers - {"observe.py"} == {"metrics.py", "tracing.py"}
+    askers = {module for _, module, _ in out["streamq_importers"]}
+    assert askers - {"streamq.observe"} == {"streamq.metrics", "streamq.tracing"}, out
+    # ...and those are the package's own files, wherever the checkout and the venv live.
+    streamq_dir = Path(out["streamq_dir"])
+    for _, module, path in out["streamq_importers"]:
+        assert Path(path).parent == streamq_dir, (module, path)
     assert "pip install 'streamq[metrics]'" in out["hints"]["streamq.metrics"]
     assert "pip install 'streamq[tracing]'" in out["hints"]["streamq.tracing"]
     assert out["adapters"] == ["JobLogHooks", "RedisHealth"]
