@@ -13,11 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import redis.asyncio as aioredis
+
 from streamq.keys import QueueKeys, ShardKeys
 from tests.support.chaos_app import Chaos
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP = "streamq"
+READY_S = 30.0
+"""Deadline for a worker process to report ready: an interpreter start-up and imports take
+well under a second idle, several seconds on a loaded CI machine."""
 
 Record = dict[str, Any]
 
@@ -123,7 +128,9 @@ class Workers:
         self.procs.append(proc)
         return proc
 
-    async def start(self, consumer: str, *, timeout_s: float = 15.0, **options: Any) -> WorkerProc:
+    async def start(
+        self, consumer: str, *, timeout_s: float = READY_S, **options: Any
+    ) -> WorkerProc:
         """Spawn a worker and wait until it reports ready."""
         proc = self.spawn(consumer, **options)
         await self.ready(proc, timeout_s=timeout_s)
@@ -136,7 +143,7 @@ class Workers:
             await self.ready(p)
         return procs
 
-    async def ready(self, proc: WorkerProc, *, timeout_s: float = 15.0) -> None:
+    async def ready(self, proc: WorkerProc, *, timeout_s: float = READY_S) -> None:
         await self.wait_for(
             lambda: self.log.records("ready", pid=proc.pid),
             timeout_s=timeout_s,
@@ -151,11 +158,18 @@ class Workers:
                 p.popen.kill()
             p.popen.wait(10)
 
-    def diagnostics(self, procs: list[WorkerProc] | None = None) -> str:
+    def diagnostics(self, procs: list[WorkerProc] | None = None, log_lines: int = 25) -> str:
         parts = []
         for p in procs if procs is not None else self.procs:
             state = "running" if p.alive else f"exit {p.popen.returncode}"
             parts.append(f"--- {p.consumer} (pid {p.pid}, {state}) stderr:\n{p.stderr_tail()}")
+        # The run-log says what the workers did last, which a bare timeout does not.
+        tail = self.log.records()[-log_lines:]
+        t0 = tail[0]["t"] if tail else 0.0
+        parts.append(f"--- last {len(tail)} run-log records (t relative to the first shown):")
+        for rec in tail:
+            fields = {k: v for k, v in rec.items() if k not in ("ev", "t", "pid")}
+            parts.append(f"{rec['t'] - t0:8.3f} {rec['ev']:<12} {fields}")
         return "\n".join(parts)
 
     # -- waiting ---------------------------------------------------------------------------
@@ -179,6 +193,7 @@ class Workers:
                 raise AssertionError(
                     f"timed out after {timeout_s} s waiting for {what}\n"
                     + self.diagnostics(procs)
+                    + await self.redis_state()
                 )
             await asyncio.sleep(0.02)
 
@@ -194,6 +209,29 @@ class Workers:
         return recs[0]  # type: ignore[no-any-return]
 
     # -- Redis state -----------------------------------------------------------------------
+    async def redis_state(self) -> str:
+        """What the queue holds in Redis, per shard, for a timeout's diagnostics."""
+        lines = ["\n--- Redis state:"]
+        r = aioredis.Redis.from_url(
+            self.redis_url, socket_timeout=2, socket_connect_timeout=2
+        )
+        try:
+            for s in self.keys.shards:
+                lines.append(
+                    f"{s.name}: stream {await r.xlen(s.stream)}, "
+                    f"delayed {await r.zcard(s.delayed)}, jobs {await r.hlen(s.jobs)}, "
+                    f"dead {await r.xlen(s.dead)}"
+                )
+                for g in await r.xinfo_groups(s.stream):
+                    lines.append(f"  group {g}")
+                for c in await r.xinfo_consumers(s.stream, GROUP):
+                    lines.append(f"  consumer {c}")
+        except Exception as exc:  # Redis may be what the test took down
+            lines.append(f"(unavailable: {exc!r})")
+        finally:
+            await r.aclose()
+        return "\n".join(lines)
+
     def shard(self, name: str) -> ShardKeys:
         """The keys of shard ``name`` (``chaos`` or ``chaos-1``)."""
         return next(s for s in self.keys.shards if s.name == name)
