@@ -60,6 +60,10 @@ def ratios(results: dict[str, Any]) -> dict[str, float]:
     for row in results["scenarios"]["rows"]:
         to = "raw_loop" if row["baseline"] == "raw" else "bound"
         out[f"scenario_{row['scenario']}_c{row['concurrency']}_vs_{to}"] = row["ratio"]
+    fleet = results["scenarios"].get("processes")
+    if fleet is not None:
+        out[f"scenario_{fleet['scenario']}_c{fleet['concurrency']}_2_processes_vs_1"] = (
+            fleet["ratio"])
     sc = results["scaling"]
     out["scaling_cmds_per_job_largest_vs_smallest_backlog"] = (
         sc[-1]["client_cmds_per_job"] / sc[0]["client_cmds_per_job"]
@@ -101,6 +105,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ("Redis memory per waiting job beyond its payload (bytes)", "<= 200", mem, mem <= 200),
         ("enqueue -> processor start p50, idle queue (ms)", "< 2", p50, p50 < 2),
     ]
+    batch = next((x for x in results["scenarios"]["rows"] if x["work"] == "noop-batch"), None)
+    if batch is not None:
+        rows.append((f"(d) no-op batch processor (max_size 100, concurrency "
+                     f"{batch['concurrency']}) >= 0.6x raw consume loop (COUNT 100)", ">= 0.6",
+                     batch["ratio"], batch["ratio"] >= 0.6))
     return [{"target": t, "goal": g, "value": v, "met": bool(m)} for t, g, v, m in rows]
 
 
@@ -243,7 +252,7 @@ def scenarios_markdown(sc: dict[str, Any]) -> list[str]:
     for p in sc["pending"]:
         rows.append([f"({p['scenario']}) {p['what']}", "", "not measured yet", "", "", "", "",
                      "", ""])
-    return [
+    out = [
         "## Processing scenarios: per-job work, one worker process (jobs/s)", "",
         "Each run in a process of its own on a pre-filled queue; the raw loop does "
         "`XREADGROUP COUNT c`, the batch's work concurrently (tasks sharing one client, or c "
@@ -256,6 +265,26 @@ def scenarios_markdown(sc: dict[str, Any]) -> list[str]:
                 "queue cmds/job (streamq / raw)", "Redis CPU us/job (streamq / raw)",
                 "RSS MiB idle -> peak (streamq / raw)", "work alone"], rows), "",
     ]
+    fleet = sc.get("processes")
+    if fleet is not None:
+        frows = [[str(x["processes"]), _n(x["rate"]),
+                  f"{x['rate'] / fleet['one']['rate']:.2f}", f"{x['queue_cmds_per_job']:.3f}",
+                  f"{x['server_queue_cmds_per_job']:.2f}", f"{x['redis_cpu_us_per_job']:.1f}",
+                  f"{x['seconds']:.2f}"]
+                 for x in (fleet["one"], fleet["two"])]
+        out += [
+            f"### ({fleet['scenario']}) Several worker processes: `python -m worker`, "
+            f"`WORKER_PROCESSES` 1 and 2", "",
+            f"The processor of (a) (one INCR per job, concurrency {fleet['concurrency']} per "
+            f"process); {_n(fleet['one']['jobs'])} jobs added at once by one Lua script once "
+            "every process is consuming, timed until `XLEN` is 0 (startup not measured). "
+            "Queue commands per job: those the worker processes sent, the INCRs and "
+            "connection handshakes left out. Ratio 2 processes / 1: "
+            f"**{fleet['ratio']:.2f}**.", "",
+            _table(["worker processes", "jobs/s", "vs 1 process", "queue cmds/job",
+                    "server queue cmds/job", "Redis CPU us/job", "drain s"], frows), "",
+        ]
+    return out
 
 
 # -- chart ---------------------------------------------------------------------------------

@@ -56,12 +56,14 @@ class Sizes:
 QUICK = Sizes(one_n=300, bulk_n=2_000, batch=500, raw_consume_n=2_000,
               consume_n={1: 200, 10: 1_000, 100: 2_000}, latency_rate=200, latency_s=1.0,
               memory_n=2_000, backlogs=(500, 2_000, 5_000), backlog_jobs=400, repeat=1,
-              scenario_n={"a-c10": 300, "a-c100": 1_000, "b-c10": 300, "c-c100": 1_000})
+              scenario_n={"a-c10": 300, "a-c100": 1_000, "b-c10": 300, "c-c100": 1_000,
+                          "d-c1": 2_000, "e-c10": 1_000})
 FULL = Sizes(one_n=20_000, bulk_n=200_000, batch=500, raw_consume_n=200_000,
              consume_n={1: 10_000, 10: 50_000, 100: 200_000}, latency_rate=200,
              latency_s=10.0, memory_n=100_000, backlogs=(10_000, 100_000, 1_000_000),
              backlog_jobs=8_000, repeat=3,
-             scenario_n={"a-c10": 20_000, "a-c100": 30_000, "b-c10": 20_000, "c-c100": 50_000})
+             scenario_n={"a-c10": 20_000, "a-c100": 30_000, "b-c10": 20_000, "c-c100": 50_000,
+                         "d-c1": 100_000, "e-c10": 30_000})
 
 
 class Runner:
@@ -269,7 +271,8 @@ def meta(args: argparse.Namespace, server: BenchRedis, url: str) -> dict[str, An
         "metrics": consumers.metrics_hooks()[1],
         "worker_process": "in-process: the benchmark process is the one worker process while "
                           "it measures; a concurrent producer runs in a child process; each "
-                          "processing-scenario run is a process of its own",
+                          "processing-scenario run is a process of its own (scenario e: "
+                          "`python -m worker` with 1 or 2 worker processes)",
         "worker_options": {"lock_duration_s": consumers.LOCK_S,
                            "stalled_interval_s": consumers.STALLED_S},
     }

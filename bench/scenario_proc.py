@@ -19,7 +19,9 @@ Sides:
   each looping over the call until ``--n`` calls are done.
 
 Work (``--work``): ``incr-async`` (``await r.incr(key)``), ``incr-sync`` (``r.incr(key)`` from
-a thread), ``sleep`` (``await asyncio.sleep(0.005)``).
+a thread), ``sleep`` (``await asyncio.sleep(0.005)``), ``noop-batch`` (nothing, handed to a
+batch processor, ``Batch(max_size=100, max_wait=0.005)``; the raw loop reads ``COUNT 100``
+and does nothing between the read and the ``XACK`` + ``XDEL`` pipeline).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from bench import stats
 
 RAW_GROUP = "raw"
 SLEEP_S = 0.005
+BATCH_SIZE = 100
+BATCH_WAIT_S = 0.005
 
 
 # -- resident memory -------------------------------------------------------------------------
@@ -88,6 +92,8 @@ class Work:
         self.sclient = redis.Redis.from_url(url)
 
     async def run_async(self) -> None:
+        if self.kind == "noop-batch":
+            return
         if self.kind == "sleep":
             await asyncio.sleep(SLEEP_S)
         else:
@@ -99,6 +105,10 @@ class Work:
     @property
     def is_sync(self) -> bool:
         return self.kind == "incr-sync"
+
+    @property
+    def is_batch(self) -> bool:
+        return self.kind == "noop-batch"
 
     async def connect(self, n: int) -> None:
         """Open ``n`` connections of each client now, so that the run does not."""
@@ -126,16 +136,20 @@ def _entries(reply: Any) -> list[Any]:
 
 # -- raw redis-py consume loop and the work alone -----------------------------------------------
 async def raw_consume(a: argparse.Namespace, work: Work) -> int:
-    """XREADGROUP COUNT c, the batch's work as concurrent tasks, XACK + XDEL in one pipeline."""
+    """XREADGROUP COUNT c, the batch's work as concurrent tasks, XACK + XDEL in one pipeline.
+
+    For ``noop-batch``: XREADGROUP COUNT 100 and straight to the XACK + XDEL pipeline."""
     r = aioredis.Redis.from_url(a.url)
+    count = BATCH_SIZE if work.is_batch else a.concurrency
     done = 0
     try:
         while done < a.n:
             batch = _entries(await r.xreadgroup(RAW_GROUP, "c1", {a.stream: ">"},
-                                                count=a.concurrency, block=1000))
+                                                count=count, block=1000))
             if not batch:
                 continue
-            await asyncio.gather(*(work.run_async() for _ in batch))
+            if not work.is_batch:
+                await asyncio.gather(*(work.run_async() for _ in batch))
             ids = [eid for eid, _fields in batch]
             async with r.pipeline(transaction=False) as p:
                 p.xack(a.stream, RAW_GROUP, *ids)
@@ -203,21 +217,32 @@ class Done:
         self._next = itertools.count(1)
         self.loop = asyncio.get_running_loop()
         self.reached = asyncio.Event()
+        self._done = 0
 
     def hit(self) -> None:
         if next(self._next) == self.target:
             self.loop.call_soon_threadsafe(self.reached.set)
 
+    def hit_many(self, k: int) -> None:
+        """``k`` calls at once (a batch processor's list; on the event loop)."""
+        self._done += k
+        if self._done >= self.target and not self.reached.is_set():
+            self.reached.set()
+
 
 def streamq_app(work: Work, done: Done, concurrency: int) -> Any:
     from bench.consumers import LOCK_S, STALLED_S
     from bench.contract import Bench, Ping
-    from streamq import App, Job
+    from streamq import App, Batch, Job
 
     app = App([Bench])
     opts: dict[str, Any] = {"concurrency": concurrency, "lock_duration": LOCK_S,
                             "stalled_interval": STALLED_S}
-    if work.is_sync:
+    if work.is_batch:
+        @app.processor(Bench, batch=Batch(max_size=BATCH_SIZE, max_wait=BATCH_WAIT_S), **opts)
+        async def per_batch(jobs: list[Job[Ping]]) -> None:
+            done.hit_many(len(jobs))
+    elif work.is_sync:
         @app.processor(Bench, **opts)
         def per_job_sync(job: Job[Ping]) -> None:
             work.run_sync()
@@ -278,7 +303,8 @@ async def _line() -> str:
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--side", choices=["streamq", "raw", "pure"], required=True)
-    ap.add_argument("--work", choices=["incr-async", "incr-sync", "sleep"], required=True)
+    ap.add_argument("--work", choices=["incr-async", "incr-sync", "sleep", "noop-batch"],
+                    required=True)
     ap.add_argument("--concurrency", type=int, required=True)
     ap.add_argument("--n", type=int, required=True)
     ap.add_argument("--url", required=True)

@@ -19,8 +19,12 @@ allows), but the ratio is to the bound. For (a) and (b), the per-job work alone 
 ``c`` tasks or threads looping over INCR on one shared client) is measured too: the most any
 consumer could do.
 
-(d) batch processors and (e) several worker processes are not measured yet: see
-:data:`PENDING`.
+- (d) a no-op batch processor (``batch=Batch(max_size=100, max_wait=0.005)``, concurrency
+  1) against the raw consume loop doing nothing per job (``XREADGROUP COUNT 100``, ``XACK`` +
+  ``XDEL`` in one pipeline);
+- (e) ``python -m worker`` with ``WORKER_PROCESSES=2`` against one worker process, the
+  processor of (a) at concurrency 10, timed on how fast a backlog added at once drains
+  (:mod:`bench.processes`); the ratio is 2 processes to 1.
 """
 
 from __future__ import annotations
@@ -55,11 +59,12 @@ class Scenario:
     """Scenario letter, as in docs/performance.md."""
     title: str
     work: str
-    """``incr-async``, ``incr-sync`` or ``sleep`` (see :mod:`bench.scenario_proc`)."""
+    """``incr-async``, ``incr-sync``, ``sleep`` or ``noop-batch`` (see
+    :mod:`bench.scenario_proc`)."""
     concurrency: int
     baseline: str
     """``raw``: a raw redis-py consume loop doing the same work; ``bound``: concurrency /
-    latency."""
+    latency; ``one-process``: the same ``python -m worker`` with one worker process."""
 
     @property
     def name(self) -> str:
@@ -79,14 +84,15 @@ SCENARIOS = (
     Scenario("b", "sync processor (thread pool), one sync Redis call per job", "incr-sync", 10,
              "raw"),
     Scenario("c", "async processor awaiting 5 ms (asyncio.sleep(0.005))", "sleep", 100, "bound"),
+    Scenario("d", "no-op batch processor, Batch(max_size=100, max_wait=0.005)", "noop-batch", 1,
+             "raw"),
 )
 
-PENDING = (
-    ("d", "batch processors (`@app.processor(..., batch=Batch(...))`) doing one Redis call "
-          "per batch, against the raw loop doing the same"),
-    ("e", "several worker processes on one host (`WORKER_PROCESSES`), against as many raw "
-          "consume processes"),
-)
+PROCESSES = Scenario("e", "python -m worker, WORKER_PROCESSES=2 vs 1; (a)'s processor",
+                     "incr-async", 10, "one-process")
+"""Scenario (e): measured by :mod:`bench.processes`, not :mod:`bench.scenario_proc`."""
+
+PENDING: tuple[tuple[str, str], ...] = ()
 """Scenarios to come; the report names them as not measured, with no figures."""
 
 
@@ -165,15 +171,27 @@ def measure(url: str, template: dict[bytes, bytes], prefix: str, sc: Scenario, s
 def runs(url: str, template: dict[bytes, bytes], next_prefix: Callable[[], str],
          sizes: dict[str, int]) -> list[tuple[str, Callable[[], dict[str, Any]]]]:
     """Every measurement of every scenario, named ``<scenario>/<side>``, for the rounds."""
+    from bench import processes
+
     out: list[tuple[str, Callable[[], dict[str, Any]]]] = []
     for sc in SCENARIOS:
         n = sizes[sc.name]
-        # The sleep scenario's raw loop is a reference only: its ratio is to the bound.
-        sides = ("raw", "streamq", "pure") if sc.baseline == "raw" else ("raw", "streamq")
+        # The sleep scenario's raw loop is a reference only: its ratio is to the bound. A
+        # no-op batch has no work to measure alone.
+        sides = (("raw", "streamq", "pure") if sc.baseline == "raw" and sc.work != "noop-batch"
+                 else ("raw", "streamq"))
         for side in sides:
             def run(sc: Scenario = sc, side: str = side, n: int = n) -> dict[str, Any]:
                 return measure(url, template, next_prefix(), sc, side, n)
             out.append((f"{sc.name}/{side}", run))
+    for procs in (1, 2):
+        def run_fleet(procs: int = procs, n: int = sizes[PROCESSES.name]) -> dict[str, Any]:
+            p = next_prefix()
+            try:
+                return processes.measure(url, template, p, procs, PROCESSES.concurrency, n)
+            finally:
+                consumers.drop(url, p)
+        out.append((f"{PROCESSES.name}/{procs}proc", run_fleet))
     return out
 
 
@@ -191,4 +209,9 @@ def collect(got: dict[str, dict[str, Any]]) -> dict[str, Any]:
         row["baseline_rate"] = base
         row["ratio"] = row["streamq"]["rate"] / base
         rows.append(row)
-    return {"rows": rows, "pending": [{"scenario": k, "what": what} for k, what in PENDING]}
+    one, two = got[f"{PROCESSES.name}/1proc"], got[f"{PROCESSES.name}/2proc"]
+    fleet = {"scenario": PROCESSES.key, "title": PROCESSES.title, "work": PROCESSES.work,
+             "concurrency": PROCESSES.concurrency, "one": one, "two": two,
+             "ratio": two["rate"] / one["rate"]}
+    return {"rows": rows, "processes": fleet,
+            "pending": [{"scenario": k, "what": what} for k, what in PENDING]}

@@ -31,7 +31,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=150,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
@@ -60,7 +60,7 @@ def test_quick_benchmark_writes_every_section_and_the_tables(quick_run: Path) ->
     for cost in results["redis_cost"]["per_processed_job"]:
         assert cost["client_cmds_per_job"] > 0
         assert cost["server_cmds_per_job"] >= cost["client_cmds_per_job"]
-    assert len(results["targets"]) == 9
+    assert len(results["targets"]) == 10
     assert all(isinstance(t["met"], bool) for t in results["targets"])
     md = (quick_run / "latest.md").read_text()
     for heading in ("## Targets", "## Producer", "## Consumer", "## Processing scenarios",
@@ -73,7 +73,7 @@ def test_quick_benchmark_measures_each_processing_scenario_against_its_baseline(
 ) -> None:
     scenarios = json.loads((quick_run / "latest.json").read_text())["scenarios"]
     rows = {(r["scenario"], r["concurrency"]): r for r in scenarios["rows"]}
-    assert set(rows) == {("a", 10), ("a", 100), ("b", 10), ("c", 100)}
+    assert set(rows) == {("a", 10), ("a", 100), ("b", 10), ("c", 100), ("d", 1)}
     for key, row in rows.items():
         sq, raw = row["streamq"], row["raw"]
         assert sq["rate"] > 0, key
@@ -84,6 +84,8 @@ def test_quick_benchmark_measures_each_processing_scenario_against_its_baseline(
         assert sq["queue_cmds_per_job"] > 0, key
         if key[0] in "ab":
             assert sq["client_cmds_per_job"] >= 1 + sq["queue_cmds_per_job"], key
+        if key[0] == "d":  # no-op: the queue's commands are all there is
+            assert "incrby" not in sq["client_commands"], key
         assert 0 < raw["queue_cmds_per_job"] <= 1, key
         assert 0 < sq["rss_idle_mb"] <= sq["rss_peak_mb"], key
         assert sq["redis_cpu_us_per_job"] > 0, key
@@ -91,15 +93,34 @@ def test_quick_benchmark_measures_each_processing_scenario_against_its_baseline(
     assert rows[("c", 100)]["baseline_rate"] == 20_000
     assert rows[("a", 10)]["work_alone"]["rate"] > 0
     assert rows[("c", 100)]["work_alone"] is None
-    # Batch processors and several worker processes come later: named, never given figures.
-    assert [p["scenario"] for p in scenarios["pending"]] == ["d", "e"]
+    assert rows[("d", 1)]["work_alone"] is None
+    assert scenarios["pending"] == []
     md = (quick_run / "latest.md").read_text()
-    assert md.count("not measured yet") == 2
+    assert "not measured yet" not in md
+    assert "(d) no-op batch processor" in md
+
+
+def test_quick_benchmark_measures_one_and_two_worker_processes(quick_run: Path) -> None:
+    results = json.loads((quick_run / "latest.json").read_text())
+    fleet = results["scenarios"]["processes"]
+    one, two = fleet["one"], fleet["two"]
+    assert (one["processes"], two["processes"]) == (1, 2)
+    for side in (one, two):
+        assert side["rate"] > 0
+        assert side["jobs"] > 0
+        # Counted in the worker processes themselves: reads and settles, the INCRs apart.
+        assert side["client_commands"].get("incrby", 0) >= side["jobs"]
+        assert 0 < side["queue_cmds_per_job"] <= 3
+        assert side["redis_cpu_us_per_job"] > 0
+    assert fleet["ratio"] == pytest.approx(two["rate"] / one["rate"])
+    assert results["ratios"]["scenario_e_c10_2_processes_vs_1"] == fleet["ratio"]
+    md = (quick_run / "latest.md").read_text()
+    assert "### (e) Several worker processes" in md
 
 
 def test_quick_benchmark_ratios_are_positive_numbers(quick_run: Path) -> None:
     ratios = json.loads((quick_run / "latest.json").read_text())["ratios"]
-    assert len(ratios) >= 4 + 12 + 4
+    assert len(ratios) >= 4 + 12 + 6
     for name, value in ratios.items():
         assert isinstance(value, float), name
         assert math.isfinite(value), name
