@@ -21,7 +21,9 @@ async def test_job_blocking_the_event_loop_past_its_lock_is_not_reclaimed_and_ru
     workers: Workers, queue: Queue[Chaos], aredis: Any
 ) -> None:
     await workers.start("a", mode="busy_loop", lock=LOCK_S, stalled=STALLED_S)
-    job_id = await queue.add(Chaos.work, Work(n=1, sleep_s=2 * LOCK_S))
+    # Five locks long: well past the lock, and long enough for b to start watching while it
+    # runs even with both cores busy (starting a worker process can take seconds then).
+    job_id = await queue.add(Chaos.work, Work(n=1, sleep_s=5 * LOCK_S))
     started = await workers.wait_record("start", job=job_id, consumer="a", timeout_s=10)
     b = await workers.start("b", lock=LOCK_S, stalled=STALLED_S)
     assert not workers.log.records("end", job=job_id), "b started too late to watch"
@@ -35,14 +37,14 @@ async def test_job_blocking_the_event_loop_past_its_lock_is_not_reclaimed_and_ru
         return False
 
     await workers.wait_for(
-        still_owned_by_a_once_delivered, timeout_s=4 * LOCK_S, what="the job settled"
+        still_owned_by_a_once_delivered, timeout_s=10 * LOCK_S, what="the job settled"
     )
     # The run's end is reported once Redis confirmed the settle: right after, not before.
     end = await workers.wait_record("end", job=job_id, timeout_s=5)
     assert len(workers.log.records("end", job=job_id)) == 1
     assert end["consumer"] == "a"
     assert end["outcome"] == "completed"
-    assert end["duration_s"] >= 2 * LOCK_S
+    assert end["duration_s"] >= 5 * LOCK_S
     assert len(workers.log.runs(job_id)) == 1
     assert not workers.log.records("reclaimed")
     assert not workers.log.records("lock_lost")
