@@ -36,10 +36,13 @@ async def run_batch(
     items: Sequence[tuple[ShardKeys, Entry]],
     *,
     free: Callable[[], None],
+    ran: Callable[[], None] = lambda: None,
 ) -> None:
     """Run one batch to the confirmed settle of each of its jobs.
 
-    ``free()`` is called once per entry, when the entry no longer needs its slot.
+    ``free()`` is called once per entry, when the entry no longer needs its slot; ``ran()``
+    once the processor is done with the batch (before Redis answered its settles), so the
+    next batch can start meanwhile.
     """
     poison: list[Poison] = []
     runs: list[tuple[ShardKeys, RawJob, JobInfo, Job[Any]]] = []
@@ -55,8 +58,9 @@ async def run_batch(
     waits = [asyncio.ensure_future(runner.settle_poison(p, free)) for p in poison]
     try:
         if runs:
-            await _run(runner, runs, handler, free)
+            await _run(runner, runs, handler, free, ran)
     finally:
+        ran()
         if waits:
             await asyncio.gather(*waits, return_exceptions=True)
 
@@ -66,6 +70,7 @@ async def _run(
     runs: list[tuple[ShardKeys, RawJob, JobInfo, Job[Any]]],
     handler: Any,
     free: Callable[[], None],
+    ran: Callable[[], None],
 ) -> None:
     ctx = runner.ctx
     infos = [info for _, _, info, _ in runs]
@@ -96,8 +101,10 @@ async def _run(
         futs = [runner.settle(op) for op, _ in decisions]
         for _ in runs:
             free()
-        await asyncio.gather(*(
-            runner.finish(shard, raw, info, op, intent, err, duration, fut)
-            for (shard, raw, info, _), (op, intent), err, fut
-            in zip(runs, decisions, errors, futs, strict=True)
-        ))
+        ran()
+        # One wait for every answer (futures, not a task per job), then one report each.
+        statuses = await asyncio.gather(*futs)
+        for (shard, raw, info, _), (op, intent), err, status in zip(
+            runs, decisions, errors, statuses, strict=True
+        ):
+            runner.report(shard, raw, info, op, intent, err, duration, status)

@@ -183,15 +183,25 @@ class Dispatcher:
 
     async def _guarded_batch(self, entries: list[Entry]) -> None:
         freed = 0
+        done = False
 
         def free() -> None:
             nonlocal freed
             freed += 1
             self.intake.finished()
 
+        def ran() -> None:
+            # The batch slot is free once the processor is done: the next batch may run
+            # while this one's settles are on their way.
+            nonlocal done
+            if not done:
+                done = True
+                self.batches_active -= 1
+                self.intake.wake()
+
         try:
             items = [(self.ctx.shards[e.shard], e) for e in entries]
-            await run_batch(self.runner, items, free=free)
+            await run_batch(self.runner, items, free=free, ran=ran)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -201,8 +211,7 @@ class Dispatcher:
         finally:
             for _ in range(len(entries) - freed):
                 self.intake.finished()
-            self.batches_active -= 1
-            self.intake.wake()
+            ran()
             self.ctx.hooks.active_changed(self.ctx.name, self.intake.active)
 
     def start(self, entry: Entry) -> None:

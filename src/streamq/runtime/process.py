@@ -295,7 +295,11 @@ class JobRunner:
                      intent: str, error: BaseException | None, duration: float,
                      fut: asyncio.Future[Status | None]) -> None:
         """Wait for Redis's answer to ``op`` and report the outcome it confirms."""
-        status = await fut
+        self.report(shard, raw, info, op, intent, error, duration, await fut)
+
+    def report(self, shard: ShardKeys, raw: RawJob, info: JobInfo, op: SettleOp, intent: str,
+               error: BaseException | None, duration: float, status: Status | None) -> None:
+        """Report the outcome Redis confirmed for ``op`` (``status``)."""
         if op.kind == "fail":
             self._count_dead(shard, raw.name, _reason(error), status)
         self.ctx.hooks.job_finished(info, _confirmed(op.kind, intent, status), duration, error)
