@@ -239,6 +239,9 @@ def streamq_app(work: Work, done: Done, concurrency: int) -> Any:
     opts: dict[str, Any] = {"concurrency": concurrency, "lock_duration": LOCK_S,
                             "stalled_interval": STALLED_S}
     if work.is_batch:
+        # prefetch one batch: the next batch is fetched while one runs, as the docs advise.
+        opts["prefetch"] = BATCH_SIZE
+
         @app.processor(Bench, batch=Batch(max_size=BATCH_SIZE, max_wait=BATCH_WAIT_S), **opts)
         async def per_batch(jobs: list[Job[Ping]]) -> None:
             done.hit_many(len(jobs))
