@@ -243,19 +243,7 @@ async def run_calls(
     """
     if len(calls) == 1:
         return [await _run_one(client, calls[0], queue)]
-    batch = _Batch(calls, queue)
-    try:
-        for _ in range(_ATTEMPTS):
-            if not batch.todo:
-                break
-            async with client.pipeline(transaction=False) as pipe:
-                batch.queue_on(pipe)
-                out = await pipe.execute(raise_on_error=False)
-            for s in batch.absorb(out):
-                await client.script_load(s.source)
-    except Exception as exc:
-        _raise_mapped(exc, queue)
-    return batch.result()
+    return (await _pipelined(client, calls, queue)).result()
 
 
 async def run_calls_each(
@@ -267,6 +255,12 @@ async def run_calls_each(
     a pipeline one call can fail (OOM, a refusal) while the others landed, and those must
     not be sent again. A failure of the whole round trip (connection lost) still raises.
     """
+    return (await _pipelined(client, calls, queue)).each()
+
+
+async def _pipelined(client: Any, calls: Sequence[Call], queue: str | None) -> _Batch:
+    """Send ``calls`` in one pipeline, re-sending after a script reload only those that got
+    ``NOSCRIPT``; the whole round trip failing raises (mapped)."""
     batch = _Batch(calls, queue)
     try:
         for _ in range(_ATTEMPTS):
@@ -279,7 +273,7 @@ async def run_calls_each(
                 await client.script_load(s.source)
     except Exception as exc:
         _raise_mapped(exc, queue)
-    return batch.each()
+    return batch
 
 
 def run_calls_sync(
