@@ -39,7 +39,10 @@ async def test_stale_worker_resumed_after_a_pause_cannot_complete_a_reclaimed_jo
     lost = await workers.wait_record("lock_lost", consumer=stale.consumer, timeout_s=10)
     assert lost["count"] == 1
     # Renewal ran at once on SIGCONT and found the job gone, before it returned.
-    [stale_end] = workers.log.records("end", job=job_id, consumer=stale.consumer)
+    # The run's end is reported once its settle's answer is in, just after the lock_lost count.
+    stale_end = await workers.wait_record("end", job=job_id, consumer=stale.consumer,
+                                          timeout_s=10)
+    assert len(workers.log.records("end", job=job_id, consumer=stale.consumer)) == 1
     assert stale_end["outcome"] == "lock_lost"
     if not workers.log.records("end", job=job_id, consumer=other.consumer):
         # The usual case: the other worker still runs the job, and its entry is untouched by

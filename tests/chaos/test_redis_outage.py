@@ -157,7 +157,8 @@ async def test_job_in_flight_across_a_redis_restart_is_completed_once_or_reclaim
 
     await workers.wait_for(lambda: workers.drained(aof), timeout_s=RECOVERY_S + 5,
                            what="queue drained")
-    [first_end] = workers.log.records("end", job=job_id, consumer=holder)
+    # An end is reported once the settle's answer is in: a moment after the queue drains.
+    first_end = await workers.wait_record("end", job=job_id, consumer=holder, timeout_s=10)
     assert first_end["t"] > down_at, "the job was meant to finish during the outage"
     runs = workers.log.runs(job_id)
     completions = completed_jobs(workers.log)[job_id]
@@ -202,7 +203,8 @@ async def test_own_running_job_is_not_counted_stalled_after_an_outage_longer_tha
     await workers.wait_for(delivered_once_until_done, timeout_s=RECOVERY_S + 5,
                            what="the job settled")
     assert await workers.dead_letters(aof) == [], "its own running job was buried as stalled"
-    [end] = workers.log.records("end", job=job_id)
+    end = await workers.wait_record("end", job=job_id, timeout_s=10)
+    assert len(workers.log.records("end", job=job_id)) == 1
     assert end["outcome"] == "completed"
     assert not workers.log.records("lock_lost")
     assert await workers.drained(aof)
