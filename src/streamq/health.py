@@ -314,15 +314,14 @@ class Monitor:
         down = self.health.unreachable_for()
         if down > self.redis_timeout_s:
             problems.append(f"Redis unreachable for {down:.1f} s ({self.health.last_error})")
-        status = getattr(self.manager, "redis_status", None)
-        if status is not None:
-            if status.refusal is not None:
-                # Retrying cannot fix it: fail at once and say what Redis said.
-                problems.append(f"Redis refuses the worker's calls: {status.refusal}")
-            out = status.unreachable_for()
-            if out > self.redis_timeout_s and down <= self.redis_timeout_s:
-                problems.append(f"Redis calls of the runtime failing for {out:.1f} s "
-                                f"({status.last_error})")
+        status = self.manager.redis_status
+        if status.refusal is not None:
+            # Retrying cannot fix it: fail at once and say what Redis said.
+            problems.append(f"Redis refuses the worker's calls: {status.refusal}")
+        out = status.unreachable_for()
+        if out > self.redis_timeout_s and down <= self.redis_timeout_s:
+            problems.append(f"Redis calls of the runtime failing for {out:.1f} s "
+                            f"({status.last_error})")
         return problems
 
     def liveness(self) -> tuple[bool, dict[str, Any]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,7 +247,7 @@ class Reader:
         client: Any,
         shards: Sequence[ShardKeys],
         *,
-        is_paused: Callable[[], Any],
+        is_paused: Callable[[], Awaitable[bool]],
         on_excess: Callable[[list[Entry]], None],
         on_taken: Callable[[list[Entry]], None],
         on_ok: Callable[[], None],

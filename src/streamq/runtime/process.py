@@ -33,7 +33,13 @@ from typing import Any
 from streamq import ops
 from streamq.app import Registration
 from streamq.backoff import compute_backoff_ms
-from streamq.envelope import RawJob, add_error_to_baggage, decode_entry, validate_payload
+from streamq.envelope import (
+    FIELD_NAMES,
+    RawJob,
+    add_error_to_baggage,
+    decode_entry,
+    validate_payload,
+)
 from streamq.errors import InvalidPayload, JobTimeout, PermanentError, Retry
 from streamq.hooks import JobInfo
 from streamq.job import Job
@@ -49,6 +55,8 @@ __all__ = ["JobRunner", "Poison", "retry_values"]
 _log = logging.getLogger("streamq.worker")
 
 TRACEBACK_LINES = 8
+
+_KNOWN_FIELDS = frozenset(n.encode() for n in FIELD_NAMES)
 
 # The outcome a settle kind reports when Redis applied it.
 _APPLIED = {"complete": "completed", "release": "released"}
@@ -78,13 +86,10 @@ def retry_values(raw: RawJob, **changes: Any) -> tuple[list[str | bytes], list[b
     A newer producer may have added envelope fields: a retry keeps them (flat name/value
     pairs after the known fields), as dead letters and releases do.
     """
-    from streamq.envelope import FIELD_NAMES
-
-    known = {n.encode() for n in FIELD_NAMES}
     extra: list[bytes] = []
     for k, v in raw.fields.items():
         kb = k if isinstance(k, bytes) else str(k).encode()
-        if kb not in known:
+        if kb not in _KNOWN_FIELDS:
             extra.append(kb)
             extra.append(v if isinstance(v, bytes) else str(v).encode())
     return raw.encoded(**changes), extra

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from streamq import ops
 from streamq._redis import run_calls
@@ -43,7 +43,7 @@ class Reclaimer:
         held: HeldEntries,
         *,
         on_lost: Callable[[int, list[str]], None],
-        is_paused: Callable[[], object],
+        is_paused: Callable[[], Awaitable[bool]],
         closing: Callable[[], bool],
     ) -> None:
         self.ctx = ctx
@@ -57,7 +57,7 @@ class Reclaimer:
     async def run(self) -> None:
         interval = self.ctx.options.stalled_interval_ms / 1000
         while not self.closing():
-            if not await self.is_paused():  # type: ignore[misc]
+            if not await self.is_paused():
                 await self.once()
             await asyncio.sleep(interval)
 

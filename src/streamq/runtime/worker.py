@@ -248,8 +248,13 @@ class Worker:
         if left:
             _done, left = await asyncio.wait(left, timeout=5.0)
             await stop_tasks(left)
-        with contextlib.suppress(Exception):
+        try:
             await heartbeat.reconcile_pending(self.ctx, self.held)
+        except Exception as exc:
+            # Whatever it could not hand back stays pending and is reclaimed after its lock.
+            self.status.error(self.name, exc, task="shutdown")
+            _log.warning("could not reconcile the pending list at shutdown",
+                         extra={"queue": self.name, "error": repr(exc)})
         self.renewer.stop()
         await stop_tasks([tasks["settler"]])
         try:
