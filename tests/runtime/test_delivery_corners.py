@@ -276,17 +276,18 @@ async def test_graceful_stop_releases_entries_a_cancelled_read_left_pending(
     @app.processor(Narrow, lock_duration=30, stalled_interval=30, block_timeout=5)
     async def proc(job: Job[Unit]) -> None: ...
 
-    m = managers(app, consumer_name="me")
-    await m.start()
-    await m.run_until_idle(5)
     sk = keys(prefix, "rt-narrow").shards[0]
+    await aredis.xgroup_create(sk.stream, "streamq", id="0", mkstream=True)
     await _fill(aredis, prefix, Narrow, 3)
     # As if a read was cancelled with its reply on the wire: entries pending under "me"
-    # that the worker never saw. (Another client reads them under this consumer's name.)
+    # that the worker never saw. (Another client reads them under this consumer's name,
+    # before the worker starts, so the worker's own reads cannot take them first.)
     got = await aredis.xreadgroup("streamq", "me", {sk.stream: ">"}, count=3)
     assert got
     assert len(got[0][1]) >= 1
     stranded = len(got[0][1])
+    m = managers(app, consumer_name="me")
+    await m.start()
     await m.close_workers()
     assert [p for p in await pending(aredis, sk) if p.consumer == "me"] == []
     entries = await stream_entries(aredis, sk)
