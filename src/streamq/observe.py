@@ -41,6 +41,7 @@ __all__ = [
     "ObservabilityServer",
     "Response",
     "build_hooks",
+    "flush_metrics",
     "json_response",
     "serve_http",
     "start",
@@ -242,6 +243,14 @@ def find_hooks(hooks: Hooks, kind: type[H]) -> H | None:
             if found is not None:
                 return found
     return None
+
+
+def flush_metrics(hooks: Hooks) -> None:
+    """Write per-job figures the Prometheus adapter in ``hooks`` still holds (they wait at most
+    ``streamq.metrics.FLUSH_INTERVAL_S``); call it before a process exits."""
+    prometheus = _prometheus_of(hooks)
+    if prometheus is not None:
+        prometheus.flush()
 
 
 def _prometheus_of(hooks: Hooks) -> Any:

@@ -31,7 +31,13 @@ from typing import Any, Protocol
 
 from streamq.app import App
 from streamq.errors import ConfigurationError
-from streamq.observe import ObservabilityConfig, ObservabilityServer, build_hooks, start
+from streamq.observe import (
+    ObservabilityConfig,
+    ObservabilityServer,
+    build_hooks,
+    flush_metrics,
+    start,
+)
 from streamq.runtime.manager import WorkerManager
 from worker.failures import EXIT_FAILED, EXIT_OK, EXIT_USAGE, explain
 from worker.logs import configure_logging
@@ -181,6 +187,9 @@ async def run(
         if server is not None:
             await server.close()
         await manager.close_workers()
+        # Per-job figures wait up to 50 ms on the loop before they reach the metrics (in
+        # multiprocess mode, the files the parent serves): write the last ones before exit.
+        flush_metrics(manager.hooks)
         _log.info("stopped")
     return EXIT_OK
 
