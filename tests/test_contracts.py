@@ -197,7 +197,7 @@ def test_defaults_must_be_job_defaults() -> None:
     ("kw", "match"),
     [
         ({"attempts": 0}, "attempts"),
-        ({"dedup_window_ms": 0}, "dedup window"),
+        ({"dedup_window": 0}, "dedup_window must be at least 1 ms"),
         ({"max_payload_bytes": 0}, "max_payload_bytes"),
     ],
 )

@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from streamq import Envelope, InvalidPayload
+from streamq import InvalidPayload
 from streamq.envelope import (
     FIELD_NAMES,
+    Envelope,
     RawJob,
     add_error_to_baggage,
     decode_entry,

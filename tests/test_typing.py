@@ -1,5 +1,6 @@
 """The producer is typed by its contract and its client: mypy refuses another job's payload
-model, and a client of the wrong kind (sync for ``Queue``, asyncio for ``SyncQueue``)."""
+model, a client of the wrong kind (sync for ``Queue``, asyncio for ``SyncQueue``), and a
+misspelt or mistyped ``@app.processor`` option."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import redis
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
-from streamq import JobRequest, Queue, QueueContract, SyncQueue, job
+from streamq import App, Job, JobRequest, Queue, QueueContract, SyncQueue, job
 
 
 class A(BaseModel):
@@ -40,6 +41,14 @@ async def produce(r: aioredis.Redis, s: redis.Redis) -> list[str]:
     await queue.add("a", A(x=2))
     SyncQueue(Spec, s).add(Spec.a, A(x=3))
     return [first, *await queue.add_bulk([JobRequest(Spec.a, A(x=4))])]
+
+
+app = App([Spec])
+
+
+@app.processor(Spec, concurrency=5, timeout=30, lock_duration=1.5)
+async def handle(job: Job[A]) -> None:
+    pass
 """
 
 BAD = """
@@ -52,6 +61,19 @@ async def produce(r: aioredis.Redis, s: redis.Redis) -> None:
     await queue.add_bulk([JobRequest(Spec.a, Wrong(y="no"))])  # line E
     Queue(Spec, s)  # line F
     SyncQueue(Spec, r)  # line G
+
+
+app = App([Spec])
+
+
+@app.processor(Spec, concurency=5)  # line H
+async def misspelt(job: Job[A]) -> None:
+    pass
+
+
+@app.processor(Spec, timeout="soon")  # line I
+async def mistyped(job: Job[A]) -> None:
+    pass
 """
 
 
@@ -90,3 +112,14 @@ def test_mypy_refuses_another_model_or_the_wrong_client_kind_and_accepts_the_rig
     assert error_lines(out, bad, about='"JobRequest"') == {line_of(bad_src, "# line E")}, out
     wrong_client = {line_of(bad_src, f"# line {m}") for m in "FG"}
     assert error_lines(out, bad, about='Argument 2 to "(Sync)?Queue"') == wrong_client, out
+    # A misspelt or mistyped processor option is caught at the decorator.
+    options = {line_of(bad_src, f"# line {m}") for m in "HI"}
+    assert error_lines(out, bad, about='"processor" of "App"') == options, out
+
+
+def test_processor_options_type_every_worker_option_and_nothing_else() -> None:
+    from dataclasses import fields
+
+    from streamq.options import ProcessorOptions, WorkerOptions
+
+    assert set(ProcessorOptions.__annotations__) == {f.name for f in fields(WorkerOptions)}

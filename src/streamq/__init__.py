@@ -1,12 +1,12 @@
 """streamq: a typed job queue and worker runtime on Redis Streams consumer groups."""
 
-from streamq.admin import QueueAdmin, SyncQueueAdmin
-from streamq.app import App, Registration
+from streamq.admin import ConsumerInfo, QueueAdmin, QueueDepth, ShardDepth, SyncQueueAdmin
+from streamq.app import App
 from streamq.backoff import Backoff
 from streamq.compat import Change, assert_compatible, check_compatible, snapshot
 from streamq.contracts import ContractSet, JobDefaults, JobSpec, Lane, QueueContract, job
 from streamq.deadletters import DeadLetter, DeadLetters, SyncDeadLetters
-from streamq.envelope import Envelope
+from streamq.durations import Duration
 from streamq.errors import (
     ConfigurationError,
     ContractError,
@@ -32,10 +32,10 @@ from streamq.errors import (
 )
 from streamq.hooks import CompositeHooks, Hooks, JobInfo
 from streamq.job import Job
-from streamq.options import Batch, Limiter, WorkerOptions
+from streamq.options import Batch, Limiter, ProcessorOptions, WorkerOptions
 from streamq.producer import JobRequest, Queue, SyncQueue
 from streamq.runners import RunnerConfig, RunnerContext
-from streamq.runtime import Worker, WorkerManager
+from streamq.runtime import WorkerManager
 from streamq.schedules import (
     Schedule,
     ScheduleInfo,
@@ -54,11 +54,12 @@ __all__ = [
     "Change",
     "CompositeHooks",
     "ConfigurationError",
+    "ConsumerInfo",
     "ContractError",
     "ContractSet",
     "DeadLetter",
     "DeadLetters",
-    "Envelope",
+    "Duration",
     "ForeignConsumerGroup",
     "Hooks",
     "IncompatibleContract",
@@ -76,14 +77,15 @@ __all__ = [
     "PayloadError",
     "PayloadTooLarge",
     "PermanentError",
+    "ProcessorOptions",
     "Queue",
     "QueueAdmin",
     "QueueContract",
+    "QueueDepth",
     "RateLimited",
     "RedisOutOfMemory",
     "RedisRefused",
     "RedisUnavailable",
-    "Registration",
     "RegistrationError",
     "Retry",
     "RunnerConfig",
@@ -93,6 +95,7 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "Schedules",
+    "ShardDepth",
     "StartupHookFailed",
     "StreamqError",
     "SyncDeadLetters",
@@ -101,7 +104,6 @@ __all__ = [
     "SyncSchedules",
     "UnknownJob",
     "UnsafeRedisConfig",
-    "Worker",
     "WorkerManager",
     "WorkerOptions",
     "__version__",

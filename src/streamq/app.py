@@ -24,15 +24,26 @@ import types
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union, get_args, get_origin, overload
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    TypeVar,
+    Union,
+    Unpack,
+    get_args,
+    get_origin,
+    overload,
+)
 
 from pydantic import BaseModel
 from typing_extensions import TypeVar as DefaultTypeVar
 
 from streamq.contracts import ContractSet, JobSpec, QueueContract
+from streamq.durations import Duration
 from streamq.errors import RegistrationError
 from streamq.job import Job
-from streamq.options import Batch, Duration, WorkerOptions
+from streamq.options import Batch, ProcessorOptions, WorkerOptions
 from streamq.schedules import Missed, PayloadFactory, Schedule, Scheduler, SchedulerConfig
 
 if TYPE_CHECKING:  # runners import the runtime, which imports this module
@@ -313,7 +324,7 @@ class App(Generic[StateT]):
         target: type[QueueContract] | JobSpec[Any],
         *,
         batch: Batch | None = None,
-        **options: Any,
+        **options: Unpack[ProcessorOptions],
     ) -> Callable[[F], F]:
         """Register the decorated function as the processor of a queue or of one job.
 

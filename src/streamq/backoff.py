@@ -8,19 +8,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal, TypeAlias
 
+from streamq.durations import to_ms
 from streamq.errors import ConfigurationError
 
 __all__ = ["Backoff", "BackoffFn", "BackoffLike", "compute_backoff_ms"]
 
 BackoffFn: TypeAlias = Callable[[int], "timedelta | float"]
 """A callable backoff: attempt number that just failed (1-based) -> delay (timedelta or s)."""
-
-
-def _ms(value: timedelta | float | int, what: str) -> int:
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if seconds < 0:
-        raise ConfigurationError(f"{what} must not be negative, got {value!r}")
-    return round(seconds * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +34,7 @@ class Backoff:
 
     @classmethod
     def fixed(cls, delay: timedelta | float) -> Backoff:
-        return cls("fixed", _ms(delay, "backoff delay"))
+        return cls("fixed", to_ms(delay, "backoff delay"))
 
     @classmethod
     def exponential(
@@ -54,7 +48,7 @@ class Backoff:
         if not 0 <= jitter <= 1:
             raise ConfigurationError(f"backoff jitter must be within [0, 1], got {jitter}")
         return cls(
-            "exponential", _ms(delay, "backoff delay"), _ms(max_delay, "max_delay"), jitter
+            "exponential", to_ms(delay, "backoff delay"), to_ms(max_delay, "max_delay"), jitter
         )
 
     def delay_for(self, attempt: int, rng: random.Random | None = None) -> int:
@@ -84,4 +78,4 @@ def compute_backoff_ms(backoff: BackoffLike, attempt: int) -> int:
     """The delay in ms after failed attempt ``attempt`` under a policy or a callable."""
     if isinstance(backoff, Backoff):
         return backoff.delay_for(attempt)
-    return _ms(backoff(attempt), "backoff callable result")
+    return to_ms(backoff(attempt), "backoff callable result")

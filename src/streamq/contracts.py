@@ -29,7 +29,8 @@ from typing import Any, ClassVar, Generic, TypeVar, get_args
 from pydantic import BaseModel
 
 from streamq.backoff import Backoff
-from streamq.errors import ContractError
+from streamq.durations import Duration, to_ms
+from streamq.errors import ConfigurationError, ContractError
 from streamq.keys import NAME_RE, shard_index, shard_name
 
 __all__ = [
@@ -61,22 +62,31 @@ class JobDefaults:
     Attributes:
         attempts: runs before a failing job is dead-lettered (1 = no retry).
         backoff: delay policy between attempts.
-        dedup_window_ms: how long a caller-given job id blocks a second add of the same id.
+        dedup_window: how long a caller-given job id blocks a second add of the same id (a
+            timedelta or seconds; default one hour).
         max_payload_bytes: encoded payload size limit; larger adds raise ``PayloadTooLarge``.
     """
 
     attempts: int = 3
     backoff: Backoff = field(default_factory=lambda: Backoff.exponential(timedelta(seconds=1)))
-    dedup_window_ms: int = 3_600_000
+    dedup_window: Duration = timedelta(hours=1)
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ContractError(f"attempts must be >= 1, got {self.attempts}")
-        if self.dedup_window_ms < 1:
-            raise ContractError(f"dedup window must be >= 1 ms, got {self.dedup_window_ms}")
+        try:
+            to_ms(self.dedup_window, "dedup_window", minimum=1)
+        except ConfigurationError as exc:
+            raise ContractError(str(exc)) from None
         if self.max_payload_bytes < 1:
             raise ContractError(f"max_payload_bytes must be >= 1, got {self.max_payload_bytes}")
+
+
+    @property
+    def dedup_window_ms(self) -> int:
+        """The dedup window in milliseconds (what Redis is given)."""
+        return to_ms(self.dedup_window, "dedup_window")
 
 
 class JobSpec(Generic[P]):

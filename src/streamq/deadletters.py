@@ -39,6 +39,7 @@ import redis.asyncio as aioredis
 from streamq import ops
 from streamq._redis import Call, map_error, run_calls, run_calls_sync
 from streamq.contracts import Lane, QueueContract
+from streamq.durations import to_ms
 from streamq.envelope import FIELD_NAMES
 from streamq.errors import ConfigurationError
 from streamq.keys import QueueKeys, ShardKeys
@@ -446,7 +447,7 @@ class _Core:
             reply = yield Cmds([cmd("xtrim", s.dead, maxlen=0, approximate=False) for s in shards])
         else:
             assert older_than is not None
-            age_ms = _to_ms(older_than)
+            age_ms = to_ms(older_than, "older_than")
             (now,) = yield Cmds([cmd("time")])
             cutoff = int(now[0]) * 1000 + int(now[1]) // 1000 - age_ms
             # Entry ids carry the Redis clock at dead-lettering: MINID drops every older one.
@@ -462,14 +463,6 @@ class _Core:
 def _has(fields: Mapping[Any, Any], name: str) -> bool:
     return name.encode() in fields or name in fields
 
-
-def _to_ms(value: timedelta | float) -> int:
-    if isinstance(value, bool) or not isinstance(value, timedelta | float | int):
-        raise ConfigurationError(f"older_than must be a timedelta or seconds, got {value!r}")
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if seconds < 0:
-        raise ConfigurationError(f"older_than must not be negative, got {value!r}")
-    return round(seconds * 1000)
 
 
 # -- the two front ends --------------------------------------------------------------------

@@ -217,7 +217,10 @@ class Retry(JobControl):
 
     def __init__(self, delay: timedelta | float = 0.0, message: str = "") -> None:
         super().__init__(message or "retry requested")
-        self.delay_ms = _to_ms(delay)
+        from streamq.durations import to_ms
+
+        # A negative delay means "now": a processor's arithmetic may overshoot.
+        self.delay_ms = max(0, to_ms(delay, "Retry delay", minimum=None))
 
 
 class RateLimited(Retry):
@@ -230,8 +233,3 @@ class RateLimited(Retry):
 class JobTimeout(JobControl):
     """Raised (by the runtime) when a job runs past its ``timeout``."""
 
-
-def _to_ms(delay: timedelta | float) -> int:
-    """Seconds (float) or a timedelta to whole milliseconds, never negative."""
-    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-    return max(0, round(seconds * 1000))

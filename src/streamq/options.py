@@ -4,26 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from streamq.backoff import Backoff, BackoffLike
+from streamq.durations import Duration, to_ms
 from streamq.errors import ConfigurationError
 
-__all__ = ["Batch", "Limiter", "WorkerOptions"]
+__all__ = ["Batch", "Limiter", "ProcessorOptions", "WorkerOptions"]
 
-Duration = timedelta | float | int
-"""A duration: a timedelta, or a number of seconds."""
-
-
-def to_ms(value: Duration, what: str, *, minimum: int = 0) -> int:
-    """A duration (timedelta or seconds) as whole ms, checked against ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, timedelta | float | int):
-        raise ConfigurationError(f"{what} must be a timedelta or seconds, got {value!r}")
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    ms = round(seconds * 1000)
-    if ms < minimum:
-        raise ConfigurationError(f"{what} must be at least {minimum} ms, got {value!r}")
-    return ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,3 +186,25 @@ class WorkerOptions:
                 f"unknown worker option(s) {sorted(unknown)}; known: {sorted(known)}"
             )
         return replace(self, **overrides)
+
+
+class ProcessorOptions(TypedDict, total=False):
+    """The keyword options of ``@app.processor(...)``: :class:`WorkerOptions` fields, typed so
+    that mypy or pyright flags a misspelt or mistyped option at the decorator. Durations are
+    a ``timedelta`` or seconds."""
+
+    concurrency: int
+    prefetch: int
+    limiter: Limiter | None
+    lock_duration: Duration
+    lock_renew_interval: Duration | None
+    stalled_interval: Duration
+    max_stalled_count: int
+    attempts: int | None
+    backoff: BackoffLike | None
+    timeout: Duration | None
+    shutdown_timeout: Duration
+    block_timeout: Duration
+    dead_letter_cap: int
+    promote_interval: Duration
+    settle_delay: Duration

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from streamq import ops
 from streamq._redis import Call, run_calls, run_calls_sync
 from streamq.contracts import JobSpec, Lane, QueueContract
+from streamq.durations import Duration, to_ms
 from streamq.envelope import FIELD_NAMES, encode_fields, validation_fields
 from streamq.errors import (
     ConfigurationError,
@@ -75,14 +76,9 @@ def new_job_id() -> str:
     return b.hex()
 
 
-def delay_to_ms(delay: timedelta | int | None) -> int:
-    """``delay`` as whole ms: a timedelta, or an int already in ms."""
-    if delay is None:
-        return 0
-    ms = round(delay.total_seconds() * 1000) if isinstance(delay, timedelta) else int(delay)
-    if ms < 0:
-        raise ConfigurationError(f"delay must not be negative, got {delay!r}")
-    return ms
+def delay_to_ms(delay: Duration | None) -> int:
+    """``delay`` (a timedelta or seconds) as whole ms; None is no delay."""
+    return 0 if delay is None else to_ms(delay, "delay")
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,9 +44,9 @@ from typing_extensions import TypeVar
 from streamq import lease
 from streamq._redis import run_calls
 from streamq.backoff import Backoff
+from streamq.durations import Duration, to_ms
 from streamq.errors import ConfigurationError, LeadershipLost, RegistrationError
 from streamq.keys import NAME_RE, RunnerKeys
-from streamq.options import Duration, to_ms
 from streamq.runtime.worker import stop_tasks
 from streamq.services import ServiceContext
 

@@ -117,7 +117,7 @@ async def test_ready_and_delayed_jobs_survive_a_redis_crash_with_aof(
         JobRequest(Chaos.work, Work(n=i, sleep_s=0.15)) for i in range(10)
     )
     delayed = [
-        await queue.add(Chaos.work, Work(n=100 + i), delay=1500 + 100 * i) for i in range(2)
+        await queue.add(Chaos.work, Work(n=100 + i), delay=1.5 + 0.1 * i) for i in range(2)
     ]
     await workers.wait_for(
         lambda: len(completed_jobs(workers.log)) >= 2, timeout_s=10, what="two jobs done"

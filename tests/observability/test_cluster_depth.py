@@ -35,7 +35,7 @@ async def test_depth_is_read_per_shard_across_cluster_nodes(
         assert shards == {"obs", "obs-1"}
         for i in range(6):
             await queue.add(Obs.work, Work(project_id="p", n=i), sharding_key=f"k{i}")
-        await queue.add(Obs.work, Work(project_id="p"), delay=60_000)
+        await queue.add(Obs.work, Work(project_id="p"), delay=60)
 
         def backlog(s: dict) -> float:  # type: ignore[type-arg]
             return total(s, "streamq_queue_ready", queue="obs", shard="all") + total(

@@ -83,7 +83,7 @@ async def scraped(run_worker: RunWorker, aredis: aioredis.Redis, prefix: str) ->
         await queue.add(Obs.work, Work(project_id="p", n=i))
     await queue.add(Obs.work, Work(project_id="p", mode="flaky"))
     await queue.add(Obs.work, Work(project_id="p", mode="fail"))
-    await queue.add(Obs.later, Work(project_id="p"), delay=100)
+    await queue.add(Obs.later, Work(project_id="p"), delay=0.1)
     with pytest.raises(Exception, match="invalid"):
         await queue.add(Obs.work, {"n": 1})
     await manager.run_until_idle(timeout_s=10)

@@ -49,7 +49,7 @@ async def test_liveness_fails_while_every_slot_is_blocked_with_jobs_ready_and_re
 
     for i in range(3):
         await queue.add(Obs.work, Work(project_id="p", n=i))
-    await queue.add(Obs.work, Work(project_id="p"), delay=60_000)
+    await queue.add(Obs.work, Work(project_id="p"), delay=60)
 
     async def wedged() -> bool:
         return (await health(port))[0] == 503

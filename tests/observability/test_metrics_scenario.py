@@ -63,7 +63,7 @@ async def test_scrape_after_scenario_counts_every_outcome_and_wait_excludes_dela
     await queue.add(Obs.work, Work(project_id="p", mode="flaky"), job_id="flaky-1")
     await queue.add(Obs.work, Work(project_id="p", mode="fail"), job_id="fail-1")
     later_enqueued_at = time.time()
-    await queue.add(Obs.later, Work(project_id="p"), job_id="later-1", delay=int(DELAY_S * 1000))
+    await queue.add(Obs.later, Work(project_id="p"), job_id="later-1", delay=DELAY_S)
 
     await manager.run_until_idle(timeout_s=20)
     # The delayed job really waited for its delay...

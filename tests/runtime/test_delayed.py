@@ -74,7 +74,7 @@ async def test_two_managers_promoting_in_parallel_run_each_delayed_job_once(
     rng = random.Random(7)
     n = 80
     await Queue(Later, aredis, prefix=prefix).add_bulk(
-        JobRequest(Later.tick, Tick(n=i), job_id=f"d{i}", delay=rng.randrange(20, 600))
+        JobRequest(Later.tick, Tick(n=i), job_id=f"d{i}", delay=rng.randrange(20, 600) / 1000)
         for i in range(n)
     )
     await wait_until(lambda: len(runs) >= n, what="every delayed job to run")

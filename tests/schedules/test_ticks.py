@@ -235,7 +235,7 @@ def test_names_jobs_and_dedup_windows_are_checked() -> None:
     with pytest.raises(ConfigurationError, match="not a job of a queue contract"):
         Schedule("s", JobSpec("loose", Tick), every=60)
 
-    class Short(QueueContract, name="sched-short", defaults=JobDefaults(dedup_window_ms=1000)):
+    class Short(QueueContract, name="sched-short", defaults=JobDefaults(dedup_window=1)):
         tick = job("tick", Tick)
 
     with pytest.raises(ConfigurationError, match="dedup window of 1000 ms"):

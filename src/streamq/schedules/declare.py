@@ -15,9 +15,9 @@ from cronsim import CronSim, CronSimError
 from pydantic import BaseModel, ValidationError
 
 from streamq.contracts import JobSpec, QueueContract
+from streamq.durations import Duration, to_ms
 from streamq.errors import ConfigurationError
 from streamq.keys import NAME_RE
-from streamq.options import Duration, to_ms
 from streamq.schedules.ticks import Cron, Every, Missed, Plan, ms_to_datetime, plan_ticks
 
 __all__ = [
@@ -108,7 +108,7 @@ class Schedule(Generic[P]):
             raise self._error(
                 f"queue {self.queue!r} has a dedup window of {window} ms; a scheduled job "
                 f"needs at least {MIN_DEDUP_WINDOW_MS} ms so that replicas cannot enqueue a "
-                "tick twice (JobDefaults(dedup_window_ms=...))"
+                "tick twice (JobDefaults(dedup_window=...))"
             )
         self._payload: BaseModel | None = None
         self._factory: Callable[..., Any] | None = None
