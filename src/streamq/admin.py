@@ -13,6 +13,8 @@ How depth is measured, per shard, in one ``MULTI`` snapshot (one pipeline on a c
   reclaimer soon records it as a lost payload. ``ready`` is never shown below 0.)
 * **delayed** = ``ZCARD delayed``: scheduled jobs and retries waiting for their due time.
 * **dead** = ``XLEN dead``.
+* **oldest ready age** = the Redis clock (``TIME``, same snapshot) minus the time part of the
+  first entry after the group's last-delivered id; **consumers** = the group's consumer count.
 
 Pausing sets the ``paused`` field of the lane's meta hash. Workers check it before each read,
 so a paused lane starts no new jobs; jobs already running finish. A worker notices a pause
@@ -29,47 +31,54 @@ Example::
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ResponseError
 
 from streamq.contracts import Lane, QueueContract
-from streamq.deadletters import (
-    DEFAULT_PREFIX,
-    Cmds,
-    Steps,
-    cmd,
-    drive,
-    drive_sync,
-    is_cluster,
-    resolve_lane,
-    text,
-)
-from streamq.keys import QueueKeys
+from streamq.deadletters import resolve_lane
+from streamq.driver import Cmds, Steps, cmd, drive, drive_sync, is_cluster, text
+from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX, QueueKeys
 
-__all__ = ["ConsumerInfo", "QueueAdmin", "QueueDepth", "ShardDepth", "SyncQueueAdmin"]
+__all__ = [
+    "ConsumerInfo",
+    "QueueAdmin",
+    "QueueDepth",
+    "ShardDepth",
+    "SyncQueueAdmin",
+    "depth_steps",
+]
 
-DEFAULT_GROUP = "streamq"
 
 
 @dataclass(frozen=True, slots=True)
 class ShardDepth:
-    """Job counts of one shard (see the module docstring for how each is measured)."""
+    """Job counts of one shard (see the module docstring for how each is measured).
+
+    ``oldest_ready_age_s`` (seconds since the oldest job not yet delivered was added, by the
+    Redis clock; 0 when none waits) and ``consumers`` (the group's consumers on this shard)
+    are read by :meth:`QueueAdmin.depth` and by the worker's depth poller alike.
+    """
 
     shard: str
     ready: int
     in_flight: int
     delayed: int
     dead: int
+    oldest_ready_age_s: float = 0.0
+    consumers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class QueueDepth:
-    """Job counts of one queue lane: per shard, and summed by the properties."""
+    """Job counts of one queue lane: per shard, and summed (or the largest) by the
+    properties; ``paused`` as read in the same snapshot."""
 
     queue: str
     shards: tuple[ShardDepth, ...]
+    paused: bool = False
 
     @property
     def ready(self) -> int:
@@ -86,6 +95,14 @@ class QueueDepth:
     @property
     def dead(self) -> int:
         return sum(s.dead for s in self.shards)
+
+    @property
+    def oldest_ready_age_s(self) -> float:
+        return max((s.oldest_ready_age_s for s in self.shards), default=0.0)
+
+    @property
+    def consumers(self) -> int:
+        return max((s.consumers for s in self.shards), default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +148,78 @@ def _pending_count(reply: Any) -> int:
     return 0
 
 
+def _group_info(reply: Any, group: str) -> dict[str, Any]:
+    if isinstance(reply, Exception):
+        _raise_other(reply)
+        return {}
+    for g in reply or ():
+        if text(g.get("name")) == group:
+            return dict(g)
+    return {}
+
+
+def _id_ms(entry_id: Any) -> int:
+    return int(text(entry_id).split("-", 1)[0])
+
+
+def depth_steps(client: Any, keys: QueueKeys, group: str) -> Steps[QueueDepth]:
+    """One lane's depth: counts per shard in one snapshot (``MULTI`` on one server, a
+    pipeline on a cluster) with the group's consumers, the paused flag and the server time
+    (on a cluster, which routes no keyless command in a pipeline, this machine's clock);
+    then, for the shards with ready jobs only, the oldest one's entry (a second round trip).
+    """
+    cmds = []
+    for s in keys.shards:
+        cmds += [
+            cmd("xlen", s.stream),
+            cmd("xpending", s.stream, group),
+            cmd("zcard", s.delayed),
+            cmd("xlen", s.dead),
+            cmd("xinfo_groups", s.stream),
+        ]
+    cluster = is_cluster(client)
+    cmds.append(cmd("hget", keys.meta, "paused"))
+    if not cluster:  # a cluster pipeline refuses TIME (no key to route it by)
+        cmds.append(cmd("time"))
+    reply = yield Cmds(cmds, transaction=not cluster, raise_on_error=False)
+    if cluster:
+        paused_reply, now_ms = reply[-1], int(time.time() * 1000)
+    else:
+        paused_reply, now = reply[-2], reply[-1]
+        _raise_other(now)
+        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+    _raise_other(paused_reply)
+    rows = []
+    for i, s in enumerate(keys.shards):
+        length, pending, delayed, dead, groups = reply[5 * i : 5 * i + 5]
+        for r in (length, delayed, dead):
+            _raise_other(r)
+        in_flight = _pending_count(pending)
+        info = _group_info(groups, group)
+        ready = max(0, int(length) - in_flight)
+        rows.append((s, ready, in_flight, int(delayed), int(dead), info))
+    waiting = [(s, info) for s, ready, *_, info in rows if ready]
+    ages: dict[int, float] = {}
+    if waiting:
+        # The oldest job not yet delivered is the first entry after the last delivered one.
+        firsts = yield Cmds([
+            cmd("xrange", s.stream, min=f"({text(info.get('last-delivered-id') or '0-0')}",
+                max="+", count=1)
+            for s, info in waiting
+        ], raise_on_error=False)
+        for (s, _), entries in zip(waiting, firsts, strict=True):
+            _raise_other(entries)
+            if entries and not isinstance(entries, Exception):
+                ages[s.index] = max(0.0, (now_ms - _id_ms(entries[0][0])) / 1000)
+    return QueueDepth(keys.queue, tuple(
+        ShardDepth(
+            shard=s.name, ready=ready, in_flight=in_flight, delayed=delayed, dead=dead,
+            oldest_ready_age_s=ages.get(s.index, 0.0), consumers=int(info.get("consumers", 0)),
+        )
+        for s, ready, in_flight, delayed, dead, info in rows
+    ), paused=bool(paused_reply))
+
+
 class _AdminCore:
     """State and steps shared by :class:`QueueAdmin` and :class:`SyncQueueAdmin`."""
 
@@ -148,32 +237,7 @@ class _AdminCore:
         self.group = group
 
     def depth_steps(self) -> Steps[QueueDepth]:
-        shards = self.keys.shards
-        cmds = []
-        for s in shards:
-            cmds += [
-                cmd("xlen", s.stream),
-                cmd("xpending", s.stream, self.group),
-                cmd("zcard", s.delayed),
-                cmd("xlen", s.dead),
-            ]
-        reply = yield Cmds(cmds, transaction=not is_cluster(self.client), raise_on_error=False)
-        out = []
-        for i, s in enumerate(shards):
-            length, pending, delayed, dead = reply[4 * i : 4 * i + 4]
-            for r in (length, delayed, dead):
-                _raise_other(r)
-            in_flight = _pending_count(pending)
-            out.append(
-                ShardDepth(
-                    shard=s.name,
-                    ready=max(0, int(length) - in_flight),
-                    in_flight=in_flight,
-                    delayed=int(delayed),
-                    dead=int(dead),
-                )
-            )
-        return QueueDepth(self.lane.name, tuple(out))
+        return depth_steps(self.client, self.keys, self.group)
 
     def set_paused_steps(self, paused: bool) -> Steps[None]:
         # Workers read the flag as "present and non-empty": resume removes it.

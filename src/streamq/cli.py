@@ -37,6 +37,7 @@ from streamq.admin import QueueDepth, SyncQueueAdmin
 from streamq.contracts import ContractSet, Lane, QueueContract
 from streamq.deadletters import DeadLetter, SyncDeadLetters
 from streamq.errors import ConfigurationError, ContractError, RedisUnavailable, StreamqError
+from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX
 
 __all__ = ["main"]
 
@@ -77,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL)")
     p.add_argument("--cluster", action="store_true", help="connect to a Redis Cluster")
-    p.add_argument("--prefix", default="streamq", help="key prefix (default: streamq)")
-    p.add_argument("--group", default="streamq", help="consumer group (default: streamq)")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX,
+                   help=f"key prefix (default: {DEFAULT_PREFIX})")
+    p.add_argument("--group", default=DEFAULT_GROUP,
+                   help=f"consumer group (default: {DEFAULT_GROUP})")
     p.add_argument(
         "--contracts",
         required=True,

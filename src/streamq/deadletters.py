@@ -28,125 +28,31 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from typing import Any, Literal, TypeAlias, TypeVar, overload
-
-import redis
-import redis.asyncio as aioredis
+from typing import Any, Literal, TypeAlias, overload
 
 from streamq import ops
-from streamq._redis import Call, map_error, run_calls, run_calls_sync
 from streamq.contracts import Lane, QueueContract
+from streamq.driver import Cmds, Scripts, Steps, cmd, drive, drive_sync, text
 from streamq.durations import to_ms
 from streamq.envelope import FIELD_NAMES
 from streamq.errors import ConfigurationError
-from streamq.keys import QueueKeys, ShardKeys
+from streamq.keys import DEFAULT_PREFIX, QueueKeys, ShardKeys
 from streamq.redact import redact
 
 __all__ = ["DeadLetter", "DeadLetters", "SyncDeadLetters"]
 
-DEFAULT_PREFIX = "streamq"
 SCAN_PAGE = 500
 """Dead letters read per shard per round trip when scanning (count by reason, retry all)."""
 RETRY_BATCH = 500
 """Dead letters re-enqueued per script call."""
 
 _ID_RE = re.compile(r"^\d+-\d+$")
-_T = TypeVar("_T")
-
-
-# -- requests and drivers ------------------------------------------------------------------
-# An operation is a generator that yields requests and receives their replies; the async and
-# sync classes drive the same generator, so the two can never drift apart.
-
-
-@dataclass(frozen=True, slots=True)
-class Cmds:
-    """Plain Redis commands sent in one pipelined round trip: ``(method, args, kwargs)``.
-
-    With ``raise_on_error=False`` a failed command's reply is its exception object.
-    """
-
-    cmds: Sequence[tuple[str, tuple[Any, ...], Mapping[str, Any]]]
-    transaction: bool = False
-    raise_on_error: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class Scripts:
-    """Script calls sent in one pipelined round trip (see :func:`streamq._redis.run_calls`)."""
-
-    calls: Sequence[Call]
-
-
-Steps: TypeAlias = Generator[Cmds | Scripts, list[Any], _T]
-
-
-def cmd(method: str, *args: Any, **kwargs: Any) -> tuple[str, tuple[Any, ...], Mapping[str, Any]]:
-    return (method, args, kwargs)
-
-
-def is_cluster(client: Any) -> bool:
-    return isinstance(client, redis.RedisCluster | aioredis.RedisCluster)
-
-
-def _raise_mapped(exc: Exception, queue: str) -> None:
-    mapped = map_error(exc, queue=queue)
-    if mapped is not None:
-        raise mapped from exc
-
-
-async def drive(client: Any, queue: str, steps: Steps[_T]) -> _T:
-    """Run ``steps`` against an asyncio client; Redis errors map to streamq's errors."""
-    try:
-        req = next(steps)
-        while True:
-            if isinstance(req, Scripts):
-                reply = await run_calls(client, req.calls, queue=queue)
-            else:
-                try:
-                    async with client.pipeline(transaction=req.transaction) as pipe:
-                        for method, args, kwargs in req.cmds:
-                            getattr(pipe, method)(*args, **kwargs)
-                        reply = await pipe.execute(raise_on_error=req.raise_on_error)
-                except Exception as exc:
-                    _raise_mapped(exc, queue)
-                    raise
-            req = steps.send(reply)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-
-
-def drive_sync(client: Any, queue: str, steps: Steps[_T]) -> _T:
-    """The synchronous twin of :func:`drive`."""
-    try:
-        req = next(steps)
-        while True:
-            if isinstance(req, Scripts):
-                reply = run_calls_sync(client, req.calls, queue=queue)
-            else:
-                try:
-                    with client.pipeline(transaction=req.transaction) as pipe:
-                        for method, args, kwargs in req.cmds:
-                            getattr(pipe, method)(*args, **kwargs)
-                        reply = pipe.execute(raise_on_error=req.raise_on_error)
-                except Exception as exc:
-                    _raise_mapped(exc, queue)
-                    raise
-            req = steps.send(reply)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
 
 
 # -- decoding ------------------------------------------------------------------------------
-
-
-def text(v: Any) -> str:
-    if v is None:
-        return ""
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
 def _int_or_none(v: str) -> int | None:

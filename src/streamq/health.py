@@ -1,9 +1,10 @@
 """Queue depth polling, Redis reachability and liveness of a worker process.
 
-Depth is read for the queues this process consumes only, one pipelined round trip per queue
-per poll (plus one ``XRANGE`` per shard that has ready jobs):
+Depth is read for the queues this process consumes only, with the same steps as
+:meth:`streamq.QueueAdmin.depth` (:func:`streamq.admin.depth_steps`): one snapshot per queue
+per poll, plus one ``XRANGE`` per shard that has ready jobs:
 
-- ``in_flight`` = the group's pending count (``XINFO GROUPS``): delivered, not settled;
+- ``in_flight`` = the group's pending count (``XPENDING``): delivered, not settled;
 - ``ready`` = ``XLEN - in_flight``: a settled job is acknowledged *and* deleted, so the stream
   holds exactly the jobs ready or in flight;
 - ``oldest_ready_age_s`` = server now minus the time part of the first entry after the group's
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from streamq._redis import map_error
+from streamq.admin import QueueDepth, ShardDepth, depth_steps
+from streamq.driver import drive
 from streamq.hooks import Hooks
 from streamq.runtime.worker import stop_tasks
 
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
     from streamq.runtime.manager import WorkerManager
     from streamq.runtime.worker import Worker
 
-__all__ = ["ALL_SHARDS", "Monitor", "RedisHealth", "ShardDepth", "read_depths"]
+__all__ = ["ALL_SHARDS", "Monitor", "RedisHealth", "read_depths"]
 
 _log = logging.getLogger("streamq.health")
 
@@ -48,27 +51,12 @@ ALL_SHARDS = "all"
 Clock = Callable[[], float]
 
 
-@dataclass(frozen=True, slots=True)
-class ShardDepth:
-    """One depth reading of a shard (or of a whole queue)."""
-
-    ready: int = 0
-    delayed: int = 0
-    in_flight: int = 0
-    dead: int = 0
-    oldest_ready_age_s: float = 0.0
-    consumers: int = 0
-
-
-def aggregate(depths: list[ShardDepth]) -> ShardDepth:
+def aggregate(depth: QueueDepth) -> ShardDepth:
     """The queue-wide reading: counts summed, the largest age and consumer count."""
     return ShardDepth(
-        ready=sum(d.ready for d in depths),
-        delayed=sum(d.delayed for d in depths),
-        in_flight=sum(d.in_flight for d in depths),
-        dead=sum(d.dead for d in depths),
-        oldest_ready_age_s=max((d.oldest_ready_age_s for d in depths), default=0.0),
-        consumers=max((d.consumers for d in depths), default=0),
+        shard=ALL_SHARDS, ready=depth.ready, in_flight=depth.in_flight, delayed=depth.delayed,
+        dead=depth.dead, oldest_ready_age_s=depth.oldest_ready_age_s,
+        consumers=depth.consumers,
     )
 
 
@@ -100,74 +88,12 @@ class RedisHealth(Hooks):
         return 0.0 if self.failing_since is None else self.clock() - self.failing_since
 
 
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _group_info(groups: Any, group: str) -> dict[str, Any]:
-    for g in groups or ():
-        if _text(g.get("name")) == group:
-            return dict(g)
-    return {}
-
-
-def _id_ms(entry_id: Any) -> int:
-    return int(_text(entry_id).split("-", 1)[0])
-
-
-async def read_depths(w: Worker) -> tuple[list[ShardDepth], bool]:
-    """Depth of each shard of ``w``'s queue and whether the queue is paused.
+async def read_depths(w: Worker) -> QueueDepth:
+    """Depth of ``w``'s lane, read as :meth:`streamq.QueueAdmin.depth` reads it.
 
     Raises whatever the Redis client raises (the caller counts it as a failure).
     """
-    pipe = w.client.pipeline(transaction=False)
-    for s in w.shards:
-        pipe.xinfo_groups(s.stream)
-        pipe.xlen(s.stream)
-        pipe.zcard(s.delayed)
-        pipe.xlen(s.dead)
-    pipe.hget(w.keys.meta, "paused")
-    replies = await pipe.execute(raise_on_error=False)
-    for r in replies:
-        if isinstance(r, Exception) and "no such key" not in str(r).lower():
-            raise r
-    paused = bool(replies[-1]) and not isinstance(replies[-1], Exception)
-    rows = []
-    for i, s in enumerate(w.shards):
-        groups, length, delayed, dead = replies[4 * i : 4 * i + 4]
-        info = _group_info(groups if not isinstance(groups, Exception) else [], w.group)
-        pending = int(info.get("pending", 0))
-        rows.append((s, info, max(0, int(length) - pending), pending, int(delayed), int(dead)))
-    ages = await _oldest_ready_ages(w, [(s, info) for s, info, ready, *_ in rows if ready])
-    return [
-        ShardDepth(
-            ready=ready,
-            delayed=delayed,
-            in_flight=pending,
-            dead=dead,
-            oldest_ready_age_s=ages.get(s.index, 0.0),
-            consumers=int(info.get("consumers", 0)),
-        )
-        for s, info, ready, pending, delayed, dead in rows
-    ], paused
-
-
-async def _oldest_ready_ages(
-    w: Worker, shards: list[tuple[Any, dict[str, Any]]]
-) -> dict[int, float]:
-    if not shards:
-        return {}
-    pipe = w.client.pipeline(transaction=False)
-    for s, info in shards:
-        last = _text(info.get("last-delivered-id") or "0-0")
-        pipe.xrange(s.stream, min=f"({last}", max="+", count=1)
-    replies = await pipe.execute()
-    now_ms = w.server_now_ms()
-    ages: dict[int, float] = {}
-    for (s, _), entries in zip(shards, replies, strict=True):
-        if entries:
-            ages[s.index] = max(0.0, (now_ms - _id_ms(entries[0][0])) / 1000)
-    return ages
+    return await drive(w.client, w.name, depth_steps(w.client, w.keys, w.group))
 
 
 @dataclass(slots=True)
@@ -242,8 +168,7 @@ class Monitor:
             if not workers:
                 return
             for w in workers:
-                depths, paused = await read_depths(w)
-                self._publish(w, depths, paused)
+                self._publish(w, await read_depths(w))
             self.health.ok()
         except asyncio.CancelledError:
             raise
@@ -258,10 +183,11 @@ class Monitor:
         finally:
             self.polls += 1
 
-    def _publish(self, w: Worker, depths: list[ShardDepth], paused: bool) -> None:
-        for s, d in zip(w.shards, depths, strict=True):
-            self._emit(w.name, s.name, d)
-        total = aggregate(depths)
+    def _publish(self, w: Worker, depth: QueueDepth) -> None:
+        for d in depth.shards:
+            self._emit(w.name, d.shard, d)
+        total = aggregate(depth)
+        paused = depth.paused
         self._emit(w.name, ALL_SHARDS, total)
         watch = self._watch.setdefault(w.name, _WedgeWatch())
         watch.ready, watch.paused = total.ready, paused

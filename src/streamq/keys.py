@@ -37,7 +37,21 @@ from functools import cached_property
 
 from streamq.errors import ConfigurationError
 
-__all__ = ["QueueKeys", "RunnerKeys", "ShardKeys", "check_prefix", "shard_index", "shard_name"]
+__all__ = [
+    "DEFAULT_GROUP",
+    "DEFAULT_PREFIX",
+    "QueueKeys",
+    "RunnerKeys",
+    "ShardKeys",
+    "check_prefix",
+    "shard_index",
+    "shard_name",
+]
+
+DEFAULT_PREFIX = "streamq"
+"""The key prefix producers and workers use unless told otherwise."""
+DEFAULT_GROUP = "streamq"
+"""The consumer group workers read in unless told otherwise."""
 
 NAME_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 

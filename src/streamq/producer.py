@@ -43,7 +43,7 @@ from streamq.errors import (
 )
 from streamq.fingerprint import record_contract, record_contract_sync
 from streamq.hooks import Hooks
-from streamq.keys import QueueKeys, ShardKeys
+from streamq.keys import DEFAULT_PREFIX, QueueKeys, ShardKeys
 
 __all__ = ["JobRequest", "Queue", "SyncQueue"]
 
@@ -53,7 +53,6 @@ R = TypeVar("R")
 
 _log = logging.getLogger("streamq.producer")
 
-DEFAULT_PREFIX = "streamq"
 BULK_BATCH = 500
 """The most jobs :meth:`Queue.add_bulk` sends in one pipelined round trip."""
 BULK_BATCH_BYTES = 8 * 1024 * 1024

@@ -23,6 +23,7 @@ from typing import Any, Literal, cast
 
 from streamq.app import App
 from streamq.errors import ConfigurationError
+from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX
 from streamq.options import Limiter
 from streamq.runners import RunnerConfig
 from streamq.schedules import SchedulerConfig, flag_name
@@ -216,9 +217,9 @@ class Settings:
 
     app: str
     redis_url: str | None
-    redis_prefix: str = "streamq"
+    redis_prefix: str = DEFAULT_PREFIX
     redis_cluster: bool = False
-    worker_group: str = "streamq"
+    worker_group: str = DEFAULT_GROUP
     processes: int = 1
     event_loop: EventLoop = "auto"
     log_format: LogFormat = "auto"
@@ -395,9 +396,9 @@ def parse_settings(
     settings = Settings(
         app=app or "",
         redis_url=redis_url,
-        redis_prefix=r.get("REDIS_PREFIX", str.strip, "streamq"),
+        redis_prefix=r.get("REDIS_PREFIX", str.strip, DEFAULT_PREFIX),
         redis_cluster=cluster,
-        worker_group=r.get("WORKER_GROUP", str.strip, "streamq"),
+        worker_group=r.get("WORKER_GROUP", str.strip, DEFAULT_GROUP),
         processes=r.get("WORKER_PROCESSES", _processes, 1),
         event_loop=_event_loop(r),
         log_format=cast(LogFormat, r.choice("LOG_FORMAT", ("json", "text", "auto"), "auto",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
+from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX
 from worker.settings import QUEUE_OPTIONS
 
 __all__ = ["VARIABLES", "Variable", "usage"]
@@ -32,8 +33,8 @@ VARIABLES: tuple[Variable, ...] = (
              "unix:///path/to/redis.sock"),
     Variable("REDIS_CLUSTER", "bool", "false",
              "connect as a Redis Cluster client (needs REDIS_URL, database 0)"),
-    Variable("REDIS_PREFIX", "string", "streamq", "key prefix; must match the producers'"),
-    Variable("WORKER_GROUP", "string", "streamq",
+    Variable("REDIS_PREFIX", "string", DEFAULT_PREFIX, "key prefix; must match the producers'"),
+    Variable("WORKER_GROUP", "string", DEFAULT_GROUP,
              "consumer group name; workers of one group share the jobs"),
     Variable("WORKER_PROCESSES", "int 1..1024 | auto", "1",
              "worker processes to run under one supervisor, each with its own consumer "

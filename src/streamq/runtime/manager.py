@@ -36,6 +36,7 @@ from streamq.errors import (
     UnsafeRedisConfig,
 )
 from streamq.hooks import Hooks
+from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX
 from streamq.lifecycle import run_shutdown, run_startup
 from streamq.options import WorkerOptions
 from streamq.runtime.supervise import RedisStatus
@@ -77,8 +78,8 @@ class WorkerManager:
         *,
         redis_url: str,
         cluster: bool = False,
-        prefix: str = "streamq",
-        group: str = "streamq",
+        prefix: str = DEFAULT_PREFIX,
+        group: str = DEFAULT_GROUP,
         hooks: Hooks | None = None,
         consumer_name: str | None = None,
         allow_unsafe_eviction: bool = False,

@@ -9,18 +9,9 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from streamq._redis import map_error
-from streamq.deadletters import (
-    DEFAULT_PREFIX,
-    Cmds,
-    Steps,
-    cmd,
-    drive,
-    drive_sync,
-    is_cluster,
-    text,
-)
+from streamq.driver import Cmds, Steps, cmd, drive, drive_sync, is_cluster, text
 from streamq.errors import ConfigurationError
-from streamq.keys import QueueKeys
+from streamq.keys import DEFAULT_PREFIX, QueueKeys
 from streamq.schedules.declare import Missed, Schedule, SchedulerConfig
 from streamq.schedules.service import Scheduler
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from streamq._redis import map_error
-from streamq.deadletters import is_cluster
+from streamq.driver import is_cluster
 from streamq.errors import (
     ConfigurationError,
     RedisOutOfMemory,
