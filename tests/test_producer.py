@@ -431,6 +431,18 @@ async def test_invalid_dict_raises_invalid_payload_naming_the_fields(
     assert await all_keys(aredis, prefix) == []
 
 
+async def test_invalid_payload_gives_each_field_its_own_error_text(
+    queue: AsyncQueue[Ingestion], aredis: aioredis.Redis, prefix: str
+) -> None:
+    with pytest.raises(InvalidPayload) as info:
+        await queue.add(Ingestion.ingest_event, {"event_id": ["not", "a", "str"]})
+    err = info.value
+    assert err.fields == ["project_id", "event_id"]
+    assert "project_id: Field required" in str(err)
+    assert "event_id: Input should be a valid string" in str(err)
+    assert await all_keys(aredis, prefix) == []
+
+
 async def test_unvalidated_model_instance_is_refused(
     queue: AsyncQueue[Ingestion], aredis: aioredis.Redis, prefix: str
 ) -> None:

@@ -32,7 +32,12 @@ from streamq import ops
 from streamq._redis import Call, run_calls, run_calls_sync
 from streamq.contracts import JobSpec, Lane, QueueContract
 from streamq.durations import Duration, to_ms
-from streamq.envelope import FIELD_NAMES, encode_fields, validation_fields
+from streamq.envelope import (
+    FIELD_NAMES,
+    encode_fields,
+    validation_fields,
+    validation_problems,
+)
 from streamq.errors import (
     ConfigurationError,
     InvalidPayload,
@@ -287,8 +292,7 @@ class _Planner:
         self.hooks.enqueue_rejected(queue, spec.name, "invalid")
         fields = validation_fields(exc)
         return InvalidPayload(
-            f"queue {queue!r} job {spec.name!r}: {what}, field(s) {', '.join(fields)}: "
-            f"{exc.errors()[0]['msg']}",
+            f"queue {queue!r} job {spec.name!r}: {what}, field(s) {validation_problems(exc)}",
             queue=queue,
             job=spec.name,
             fields=fields,
