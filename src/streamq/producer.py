@@ -230,6 +230,9 @@ class _Planner:
         self._keys = {
             lane.name: QueueKeys(prefix, lane.name, lane.shards) for lane in contract.lanes()
         }
+        # The lanes this producer writes: its default one, and the secondary a rule may pick.
+        for written in {lane, (contract.secondary or lane) if secondary_when else lane}:
+            self.hooks.producer_started(written.name, written.shard_names(), list(contract.jobs))
         # Start the round-robin at a random shard: many short-lived producers (one Queue per
         # request or per process) would otherwise all write their first job to shard 0.
         self._spread = itertools.count(random.randrange(1 << 30))
