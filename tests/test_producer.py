@@ -22,7 +22,6 @@ from redis.retry import Retry
 
 from streamq import (
     ConfigurationError,
-    Envelope,
     Hooks,
     InvalidPayload,
     JobDefaults,
@@ -39,7 +38,7 @@ from streamq import (
 )
 from streamq import Queue as AsyncQueue
 from streamq._redis import run_calls
-from streamq.envelope import FIELD_NAMES, decode_entry
+from streamq.envelope import FIELD_NAMES, Envelope, decode_entry
 from streamq.keys import QueueKeys, shard_index
 from tests.support.redis_server import RedisServer, find_binary, free_port
 
