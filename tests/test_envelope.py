@@ -242,6 +242,17 @@ def test_payload_failing_validation_names_queue_job_and_fields() -> None:
         assert word in str(err)
 
 
+def test_payload_failing_validation_gives_each_field_its_own_error_text() -> None:
+    bad = json.dumps({"day": "not a day", "at": "2024-01-01T00:00:00", "amount": "1",
+                      "ref": str(uuid.uuid4()), "address": {"street": 5}}).encode()
+    with pytest.raises(InvalidPayload) as info:
+        Envelope.from_raw(raw_with(bad), Rich, queue="ingestion")
+    message = str(info.value)
+    assert info.value.fields == ["day", "address.street"]
+    assert "day: Input should be a valid date" in message
+    assert "address.street: Input should be a valid string" in message
+
+
 def test_payload_that_is_not_json_is_invalid() -> None:
     with pytest.raises(InvalidPayload, match="payload failed validation"):
         Envelope.from_raw(raw_with(b"\x00not json"), EventV1)

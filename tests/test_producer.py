@@ -22,7 +22,6 @@ from redis.retry import Retry
 
 from streamq import (
     ConfigurationError,
-    Envelope,
     Hooks,
     InvalidPayload,
     JobDefaults,
@@ -39,7 +38,7 @@ from streamq import (
 )
 from streamq import Queue as AsyncQueue
 from streamq._redis import run_calls
-from streamq.envelope import FIELD_NAMES, decode_entry
+from streamq.envelope import FIELD_NAMES, Envelope, decode_entry
 from streamq.keys import QueueKeys, shard_index
 from tests.support.redis_server import RedisServer, find_binary, free_port
 
@@ -428,6 +427,18 @@ async def test_invalid_dict_raises_invalid_payload_naming_the_fields(
     assert (err.queue, err.job, err.fields) == ("ingestion", "ingest-event", fields)
     for word in ("'ingestion'", "'ingest-event'", *fields):
         assert word in str(err)
+    assert await all_keys(aredis, prefix) == []
+
+
+async def test_invalid_payload_gives_each_field_its_own_error_text(
+    queue: AsyncQueue[Ingestion], aredis: aioredis.Redis, prefix: str
+) -> None:
+    with pytest.raises(InvalidPayload) as info:
+        await queue.add(Ingestion.ingest_event, {"event_id": ["not", "a", "str"]})
+    err = info.value
+    assert err.fields == ["project_id", "event_id"]
+    assert "project_id: Field required" in str(err)
+    assert "event_id: Input should be a valid string" in str(err)
     assert await all_keys(aredis, prefix) == []
 
 

@@ -8,14 +8,25 @@ and ``--seed`` always give the same jobs.
 Run it on its own (``REDIS_URL`` unset: the embedded Redis of ``STREAMQ_DATA_DIR``)::
 
     python -m examples.ingestion.producer --jobs 5000
+
+With ``--metrics-port`` it serves its Prometheus metrics (``streamq_jobs_enqueued_total``,
+``streamq_enqueue_rejected_total``...) on ``/metrics`` and keeps serving after its last
+batch until SIGTERM or Ctrl-C, so a scrape sees the final counts. With ``--every S`` it
+enqueues a new batch (the next seed) every ``S`` seconds; a batch that Redis refuses (down,
+out of memory) is counted as ``reason="redis_error"`` and reported, and the next one is
+tried on time: what the ``StreamqEnqueueFailing`` alert watches::
+
+    python -m examples.ingestion.producer --jobs 500 --every 10 --metrics-port 9101
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
+import signal
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +45,10 @@ from examples.ingestion.contracts import (
     sharding_key,
 )
 from examples.ingestion.services import GONE_PROJECTS
-from streamq import JobRequest, Queue
+from streamq import Hooks, JobRequest, Queue, RedisOutOfMemory, RedisUnavailable
 from streamq.embedded import DEFAULT_PORT, ensure_embedded_redis
 
-__all__ = ["Plan", "plan", "produce"]
+__all__ = ["Plan", "plan", "produce", "serve_metrics"]
 
 PROJECTS = [f"proj-{i:03d}" for i in range(40)]
 
@@ -105,11 +116,16 @@ def plan(jobs: int, *, seed: int = 7) -> Plan:
     return out
 
 
-async def produce(client: Any, the_plan: Plan, *, prefix: str) -> Counter[str]:
-    """Enqueue ``the_plan``; returns how many jobs each lane received."""
-    ingestion = Queue(Ingestion, client, prefix=prefix, secondary_when=is_noisy)
-    evaluation = Queue(Evaluation, client, prefix=prefix)
-    deletion = Queue(Deletion, client, prefix=prefix)
+async def produce(
+    client: Any, the_plan: Plan, *, prefix: str, hooks: Hooks | None = None
+) -> Counter[str]:
+    """Enqueue ``the_plan``; returns how many jobs each lane received.
+
+    ``hooks`` instrument the adds (see :func:`serve_metrics`).
+    """
+    ingestion = Queue(Ingestion, client, prefix=prefix, secondary_when=is_noisy, hooks=hooks)
+    evaluation = Queue(Evaluation, client, prefix=prefix, hooks=hooks)
+    deletion = Queue(Deletion, client, prefix=prefix, hooks=hooks)
     # Bulk adds: one pipelined round trip per 500 jobs, each job on its key's shard.
     await ingestion.add_bulk(the_plan.ingestion)
     await evaluation.add_bulk(the_plan.evaluation)
@@ -121,24 +137,79 @@ async def produce(client: Any, the_plan: Plan, *, prefix: str) -> Counter[str]:
     return the_plan.lanes()
 
 
+def serve_metrics(port: int, host: str = "0.0.0.0") -> tuple[Hooks, Any]:
+    """Prometheus hooks for the producer's queues and an HTTP server for them on
+    ``host:port`` (``/metrics``): ``(hooks, server)``; ``server.shutdown()`` stops it.
+
+    Needs the ``metrics`` extra (prometheus-client).
+    """
+    import prometheus_client
+
+    from streamq.metrics import PrometheusHooks
+
+    hooks = PrometheusHooks()
+    server, _ = prometheus_client.start_http_server(port, addr=host, registry=hooks.registry)
+    return hooks, server
+
+
+async def _batches(client: Any, ns: argparse.Namespace, hooks: Hooks | None,
+                   stop: asyncio.Event) -> None:
+    """One batch, or one every ``ns.every`` seconds until ``stop``."""
+    seed = ns.seed
+    while True:
+        try:
+            counts = await produce(client, plan(ns.jobs, seed=seed), prefix=ns.prefix,
+                                   hooks=hooks)
+            print(", ".join(f"{lane}: {n}" for lane, n in sorted(counts.items())), flush=True)
+        except (RedisUnavailable, RedisOutOfMemory) as exc:
+            if ns.every <= 0:
+                raise
+            # A producer outlives a Redis outage; each refused write is counted.
+            print(f"batch of seed {seed} not enqueued: {exc}", flush=True)
+        seed += 1
+        if ns.every <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), ns.every)
+        if stop.is_set():
+            return
+
+
 async def _main(ns: argparse.Namespace) -> None:
     url = os.environ.get("REDIS_URL") or ensure_embedded_redis(
         os.environ.get("STREAMQ_DATA_DIR", ".streamq"),
         port=int(os.environ.get("STREAMQ_EMBEDDED_PORT", DEFAULT_PORT)),
     )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    hooks, server = (None, None)
+    if ns.metrics_port is not None:
+        hooks, server = serve_metrics(ns.metrics_port, ns.metrics_host)
+        print(f"metrics on http://{ns.metrics_host}:{ns.metrics_port}/metrics", flush=True)
     client = aioredis.Redis.from_url(url)
     try:
-        counts = await produce(client, plan(ns.jobs, seed=ns.seed), prefix=ns.prefix)
+        await _batches(client, ns, hooks, stop)
+        if server is not None:
+            # Serve the final counts until stopped, so a scrape after the last batch sees them.
+            await stop.wait()
     finally:
         await client.aclose()
-    print(", ".join(f"{lane}: {n}" for lane, n in sorted(counts.items())))
+        if server is not None:
+            server.shutdown()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--jobs", type=int, default=5000)
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--jobs", type=int, default=5000, help="jobs per batch")
+    parser.add_argument("--seed", type=int, default=7, help="seed of the first batch")
     parser.add_argument("--prefix", default=os.environ.get("REDIS_PREFIX", "streamq"))
+    parser.add_argument("--every", type=float, default=0.0, metavar="S",
+                        help="enqueue a new batch every S seconds (default: one batch)")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve /metrics on this port, until stopped")
+    parser.add_argument("--metrics-host", default="0.0.0.0")
     asyncio.run(_main(parser.parse_args()))
 
 

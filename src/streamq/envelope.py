@@ -24,6 +24,7 @@ __all__ = [
     "encode_fields",
     "validate_payload",
     "validation_fields",
+    "validation_problems",
 ]
 
 P = TypeVar("P", bound=BaseModel)
@@ -223,6 +224,14 @@ def validation_fields(exc: ValidationError) -> list[str]:
     return [".".join(str(p) for p in e["loc"]) or "<root>" for e in exc.errors()]
 
 
+def validation_problems(exc: ValidationError) -> str:
+    """Each failing field with its own error text: ``"a: msg; b.c: other msg"``."""
+    return "; ".join(
+        f"{field}: {e['msg']}"
+        for field, e in zip(validation_fields(exc), exc.errors(), strict=True)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Envelope(Generic[P]):
     """A job as the worker sees it: metadata plus the validated payload.
@@ -270,7 +279,7 @@ def validate_payload(raw: RawJob, model: type[P], *, queue: str | None = None) -
         fields = validation_fields(exc)
         raise InvalidPayload(
             f"queue {queue!r} job {raw.name!r} id {raw.id!r}: payload failed validation "
-            f"on field(s) {', '.join(fields)}: {exc.errors()[0]['msg']}",
+            f"on field(s) {validation_problems(exc)}",
             queue=queue,
             job=raw.name,
             job_id=raw.id,

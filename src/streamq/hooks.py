@@ -52,6 +52,9 @@ class Hooks:
     """Instrumentation hook points; every method is a no-op here. Subclass what you need."""
 
     # -- producer --------------------------------------------------------------------------
+    def producer_started(self, queue: str, shards: Sequence[str], job_names: Sequence[str]) -> None:
+        """A producer was made that writes these shards of ``queue`` (a lane) and job names."""
+
     def enqueue_context(
         self, queue: str, job_name: str, job_id: str, tenant: str | None
     ) -> AbstractContextManager[dict[str, str] | None]:

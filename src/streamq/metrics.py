@@ -307,6 +307,14 @@ class PrometheusHooks(Hooks):
         return child
 
     # -- producer --------------------------------------------------------------------------
+    def producer_started(self, queue: str, shards: Sequence[str], job_names: Sequence[str]) -> None:
+        # The enqueued and redis_error series exist at 0 before the first add, so rate() and
+        # the enqueue-failure alert see the first job and the first refused write.
+        for name in job_names:
+            self._child(self.rejected, queue, name, "redis_error")
+            for shard in shards:
+                self._child(self.enqueued_total, queue, shard, name, "false")
+
     def enqueued(self, queue: str, shard: str, job_name: str, *, delayed: bool) -> None:
         flag = "true" if delayed else "false"
         self._child(self.enqueued_total, queue, shard, job_name, flag).inc()

@@ -103,7 +103,8 @@ class JobContextFilter(logging.Filter):
 
 
 class JobLogHooks(Hooks):
-    """One structured INFO line per job outcome on the ``streamq.jobs`` logger.
+    """One structured line per job outcome on the ``streamq.jobs`` logger: WARNING for a
+    dead letter (outcome ``failed``, or a job dead-lettered without running), INFO otherwise.
 
     Each line carries ``queue, shard, job_id, job, attempt, tenant, duration_ms, wait_ms,
     outcome`` (and ``error_type``/``error`` for failures, scrubbed of the payload's secret
@@ -148,7 +149,9 @@ class JobLogHooks(Hooks):
         duration_s: float,
         error: BaseException | None = None,
     ) -> None:
-        if not self.logger.isEnabledFor(logging.INFO):
+        # A dead letter needs someone to look at it: WARNING, so it survives level filters.
+        level = logging.WARNING if outcome == "failed" else logging.INFO
+        if not self.logger.isEnabledFor(level):
             return
         extra: dict[str, Any] = {
             "queue": job.queue,
@@ -167,13 +170,13 @@ class JobLogHooks(Hooks):
         if error is not None:
             extra["error_type"] = type(error).__name__
             extra["error"] = scrub_text(str(error), job.secret_values)[:500]
-        self.logger.info("job %s", outcome, extra=extra)
+        self.logger.log(level, "job %s", outcome, extra=extra)
 
     def job_dead_lettered(self, queue: str, shard: str, job_name: str, reason: DeadReason) -> None:
         # Failures of a run were logged by job_finished; these never ran.
         if reason in ("error", "permanent", "timeout"):
             return
-        self.logger.info(
+        self.logger.warning(
             "job dead-lettered without running",
             extra={"queue": queue, "shard": shard, "job": job_name, "outcome": "failed",
                    "reason": reason},

@@ -32,7 +32,12 @@ from streamq import ops
 from streamq._redis import Call, run_calls, run_calls_sync
 from streamq.contracts import JobSpec, Lane, QueueContract
 from streamq.durations import Duration, to_ms
-from streamq.envelope import FIELD_NAMES, encode_fields, validation_fields
+from streamq.envelope import (
+    FIELD_NAMES,
+    encode_fields,
+    validation_fields,
+    validation_problems,
+)
 from streamq.errors import (
     ConfigurationError,
     InvalidPayload,
@@ -224,6 +229,9 @@ class _Planner:
         self._keys = {
             lane.name: QueueKeys(prefix, lane.name, lane.shards) for lane in contract.lanes()
         }
+        # The lanes this producer writes: its default one, and the secondary a rule may pick.
+        for written in {lane, (contract.secondary or lane) if secondary_when else lane}:
+            self.hooks.producer_started(written.name, written.shard_names(), list(contract.jobs))
         # Start the round-robin at a random shard: many short-lived producers (one Queue per
         # request or per process) would otherwise all write their first job to shard 0.
         self._spread = itertools.count(random.randrange(1 << 30))
@@ -286,8 +294,7 @@ class _Planner:
         self.hooks.enqueue_rejected(queue, spec.name, "invalid")
         fields = validation_fields(exc)
         return InvalidPayload(
-            f"queue {queue!r} job {spec.name!r}: {what}, field(s) {', '.join(fields)}: "
-            f"{exc.errors()[0]['msg']}",
+            f"queue {queue!r} job {spec.name!r}: {what}, field(s) {validation_problems(exc)}",
             queue=queue,
             job=spec.name,
             fields=fields,

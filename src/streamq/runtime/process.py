@@ -292,6 +292,7 @@ class JobRunner:
             return self._retry_op(shard, raw, delay_ms=error.delay_ms,
                                   values=retry_values(raw)), "delayed"
         if isinstance(error, PermanentError):
+            self._log_failure(raw, error, final=True)
             return self._dead_op(shard, raw.entry_id, raw.fields, reason="permanent",
                                  error=error, attempts=raw.attempt), "failed"
         return self._failed_attempt(shard, raw, error)
