@@ -125,3 +125,18 @@ def test_quick_benchmark_ratios_are_positive_numbers(quick_run: Path) -> None:
         assert isinstance(value, float), name
         assert math.isfinite(value), name
         assert value > 0, name
+
+
+def test_the_step_profile_prints_the_whole_job_and_every_step() -> None:
+    if find_binary() is None:
+        pytest.skip("no redis-server binary found")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.steps", "--n", "300", "--rounds", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")][2:]
+    assert len(rows) == 9, proc.stdout
+    for row in rows:
+        assert float(row.rsplit("|", 2)[1]) > 0, row
