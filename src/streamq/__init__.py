@@ -44,6 +44,7 @@ from streamq.schedules import (
     Schedules,
     SyncSchedules,
 )
+from streamq.tenants import TenantFlag
 
 __version__ = "0.1.0"
 
@@ -102,6 +103,7 @@ __all__ = [
     "SyncQueue",
     "SyncQueueAdmin",
     "SyncSchedules",
+    "TenantFlag",
     "UnknownJob",
     "UnsafeRedisConfig",
     "WorkerManager",

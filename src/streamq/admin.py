@@ -21,6 +21,9 @@ so a paused lane starts no new jobs; jobs already running finish. A worker notic
 within about a second (plus one blocking read) and a resume within a fifth of a second.
 Each lane pauses on its own: pausing ``ingestion`` leaves ``ingestion-secondary`` running.
 
+Tenant flags (:mod:`streamq.tenants`) belong to the queue, whichever of its lanes the admin
+was made for: ``flag_tenant`` sends a tenant's new jobs to the secondary lane for a while.
+
 Example::
 
     admin = QueueAdmin(client, Ingestion)
@@ -40,7 +43,17 @@ from redis.exceptions import ResponseError
 from streamq.contracts import Lane, QueueContract
 from streamq.deadletters import resolve_lane
 from streamq.driver import Cmds, Steps, cmd, drive, drive_sync, is_cluster, text
+from streamq.durations import Duration
 from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX, QueueKeys
+from streamq.tenants import (
+    TenantFlag,
+    flag_tenant,
+    flag_tenant_sync,
+    flagged_tenants,
+    flagged_tenants_sync,
+    unflag_tenant,
+    unflag_tenant_sync,
+)
 
 __all__ = [
     "ConsumerInfo",
@@ -235,6 +248,7 @@ class _AdminCore:
         self.lane = resolve_lane(lane_or_contract)
         self.keys = QueueKeys(prefix, self.lane.name, self.lane.shards)
         self.group = group
+        self.prefix = prefix
 
     def depth_steps(self) -> Steps[QueueDepth]:
         return depth_steps(self.client, self.keys, self.group)
@@ -330,6 +344,28 @@ class QueueAdmin(_AdminCore):
         """The lane's consumers: what each holds, how idle it is, its last heartbeat."""
         return await drive(self.client, self.lane.name, self.consumers_steps())
 
+    async def flag_tenant(self, tenant: str, duration: Duration, *, reason: str = "",
+                          by: str = "admin") -> TenantFlag:
+        """Route ``tenant``'s new jobs to the queue's secondary lane for ``duration``
+        (timedelta or seconds). A flag only lengthens; producers follow it within their
+        staleness bound (1 s by default).
+
+        Raises:
+            ConfigurationError: the queue has no secondary lane or no ``tenant_field``; the
+                tenant, duration or reason is malformed.
+        """
+        return await flag_tenant(self.client, self.lane.contract, tenant, duration,
+                                 reason=reason, by=by, prefix=self.prefix)
+
+    async def unflag_tenant(self, tenant: str, *, by: str = "admin") -> bool:
+        """Lift ``tenant``'s flag now; True when it was flagged."""
+        return await unflag_tenant(self.client, self.lane.contract, tenant, by=by,
+                                   prefix=self.prefix)
+
+    async def flagged_tenants(self) -> list[TenantFlag]:
+        """The queue's tenants flagged now, soonest expiry first."""
+        return await flagged_tenants(self.client, self.lane.contract, prefix=self.prefix)
+
 
 class SyncQueueAdmin(_AdminCore):
     """The synchronous twin of :class:`QueueAdmin` (a ``redis.Redis`` client)."""
@@ -363,3 +399,18 @@ class SyncQueueAdmin(_AdminCore):
     def consumers(self) -> list[ConsumerInfo]:
         """See :meth:`QueueAdmin.consumers`."""
         return drive_sync(self.client, self.lane.name, self.consumers_steps())
+
+    def flag_tenant(self, tenant: str, duration: Duration, *, reason: str = "",
+                    by: str = "admin") -> TenantFlag:
+        """See :meth:`QueueAdmin.flag_tenant`."""
+        return flag_tenant_sync(self.client, self.lane.contract, tenant, duration,
+                                reason=reason, by=by, prefix=self.prefix)
+
+    def unflag_tenant(self, tenant: str, *, by: str = "admin") -> bool:
+        """See :meth:`QueueAdmin.unflag_tenant`."""
+        return unflag_tenant_sync(self.client, self.lane.contract, tenant, by=by,
+                                  prefix=self.prefix)
+
+    def flagged_tenants(self) -> list[TenantFlag]:
+        """See :meth:`QueueAdmin.flagged_tenants`."""
+        return flagged_tenants_sync(self.client, self.lane.contract, prefix=self.prefix)

@@ -7,6 +7,9 @@ Usage::
     streamq ... dead retry ingestion ingestion-2/1700000000000-0
     streamq ... dead purge ingestion --older-than 7d
     streamq ... pause ingestion
+    streamq ... tenant flag ingestion project-7 --for 10m --reason "upstream 429s"
+    streamq ... tenant list ingestion
+    streamq ... tenant unflag ingestion project-7
 
 ``--redis-url`` defaults to ``$REDIS_URL`` (this entry point reads the environment; the
 library never does). ``--contracts`` names the application's contracts as ``module:attribute``
@@ -74,7 +77,8 @@ def _positive_int(value: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="streamq",
-        description="Inspect and administer streamq queues: depth, dead letters, pause.",
+        description="Inspect and administer streamq queues: depth, dead letters, pause, "
+        "tenant flags.",
     )
     p.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL)")
     p.add_argument("--cluster", action="store_true", help="connect to a Redis Cluster")
@@ -124,6 +128,22 @@ def build_parser() -> argparse.ArgumentParser:
     cons = cmds.add_parser("consumers", help="the workers consuming a queue")
     cons.add_argument("queue")
     cons.add_argument("--json", action="store_true", help="print JSON")
+
+    tenant = cmds.add_parser("tenant", help="flag, unflag or list tenants routed to the "
+                             "secondary lane")
+    tcmds = tenant.add_subparsers(dest="tenant_command", required=True, metavar="ACTION")
+    tf = tcmds.add_parser("flag", help="route a tenant's new jobs to the secondary lane")
+    tf.add_argument("queue")
+    tf.add_argument("tenant")
+    tf.add_argument("--for", dest="duration", type=parse_duration, required=True,
+                    metavar="DURATION", help="how long (10m, 2h, 1d)")
+    tf.add_argument("--reason", default="", help="why (shown by tenant list)")
+    tu = tcmds.add_parser("unflag", help="lift a tenant's flag now")
+    tu.add_argument("queue")
+    tu.add_argument("tenant")
+    tl = tcmds.add_parser("list", help="the tenants flagged now")
+    tl.add_argument("queue")
+    tl.add_argument("--json", action="store_true", help="print JSON")
     return p
 
 
@@ -388,12 +408,39 @@ def cmd_consumers(args: argparse.Namespace, client: Any, contracts: ContractSet)
     return EXIT_OK
 
 
+def cmd_tenant(args: argparse.Namespace, client: Any, contracts: ContractSet) -> int:
+    admin = SyncQueueAdmin(client, lane_of(contracts, args.queue), prefix=args.prefix)
+    queue = admin.lane.contract.queue_name
+    if args.tenant_command == "flag":
+        flag = admin.flag_tenant(args.tenant, args.duration, reason=args.reason, by="cli")
+        print(f"flagged tenant {flag.tenant!r} of {queue} until {_when(flag.expires_at_ms)} "
+              "UTC: its new jobs go to the secondary lane")
+        return EXIT_OK
+    if args.tenant_command == "unflag":
+        if admin.unflag_tenant(args.tenant, by="cli"):
+            print(f"unflagged tenant {args.tenant!r} of {queue}")
+        else:
+            print(f"tenant {args.tenant!r} of {queue} was not flagged")
+        return EXIT_OK
+    flags = admin.flagged_tenants()
+    if args.json:
+        print(json.dumps([asdict(f) for f in flags], indent=2))
+    elif not flags:
+        print(f"no flagged tenants in {queue}")
+    else:
+        rows = [[f.tenant, _when(f.expires_at_ms), "-" if f.since_ms is None else
+                 _when(f.since_ms), f.by or "-", _short(f.reason or "-")] for f in flags]
+        print(table(["TENANT", "UNTIL (UTC)", "SINCE (UTC)", "BY", "REASON"], rows, set()))
+    return EXIT_OK
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any, ContractSet], int]] = {
     "depth": cmd_depth,
     "dead": cmd_dead,
     "pause": cmd_pause,
     "resume": cmd_pause,
     "consumers": cmd_consumers,
+    "tenant": cmd_tenant,
 }
 
 

@@ -70,6 +70,9 @@ class Hooks:
     def enqueue_rejected(self, queue: str, job_name: str, reason: str) -> None:
         """An add failed: ``too_large``, ``invalid``, ``unknown_job`` or ``redis_error``."""
 
+    def tenant_routed(self, queue: str, job_name: str) -> None:
+        """An add of ``queue`` went to its secondary lane because its tenant is flagged."""
+
     # -- worker: per job -------------------------------------------------------------------
     def process_context(self, job: JobInfo) -> AbstractContextManager[None]:
         """Wraps one attempt (the processor call); tracing opens its CONSUMER span here."""
@@ -94,6 +97,10 @@ class Hooks:
 
     def job_dead_lettered(self, queue: str, shard: str, job_name: str, reason: DeadReason) -> None:
         """A job went to the dead-letter stream for ``reason``."""
+
+    def tenant_cap_waited(self, queue: str, shard: str, job_name: str) -> None:
+        """A job did not start: its tenant already runs its ``tenant_concurrency`` jobs. It
+        was re-delayed shortly, no attempt spent."""
 
     # -- worker: maintenance ---------------------------------------------------------------
     def jobs_reclaimed(self, queue: str, shard: str, count: int) -> None:

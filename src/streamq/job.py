@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
 __all__ = ["Job"]
+
+from streamq.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from streamq.durations import Duration
+    from streamq.tenants import TenantControl, TenantFlag
 
 P = TypeVar("P", bound=BaseModel)
 
@@ -32,6 +38,7 @@ class Job(Generic[P]):
         max_attempts: attempts before the job is dead-lettered.
         timestamp: first enqueue time, ms since the epoch.
         retry_baggage: errors of earlier attempts, or None.
+        tenant: the value of the contract's ``tenant_field`` in the payload, or None.
         logger: a logger carrying queue, job id, name and attempt as context.
     """
 
@@ -40,6 +47,7 @@ class Job(Generic[P]):
         "_failure",
         "_logger",
         "_lost",
+        "_tenants",
         "attempt",
         "id",
         "max_attempts",
@@ -68,6 +76,7 @@ class Job(Generic[P]):
         trace_context: dict[str, str] | None = None,
         tenant: str | None = None,
         extend_lock: Callable[[], None] | None = None,
+        tenant_control: TenantControl | None = None,
     ) -> None:
         self.id = id
         self.name = name
@@ -81,6 +90,7 @@ class Job(Generic[P]):
         self.trace_context = trace_context
         self.tenant = tenant
         self._extend = extend_lock
+        self._tenants = tenant_control
         # Set by the worker's loop, read from any thread: a plain bool is enough, and a
         # threading.Event (a lock and a condition) per job cost more than the rest of Job.
         self._lost = False
@@ -138,6 +148,46 @@ class Job(Generic[P]):
         """Renew this worker's locks now (thread-safe; renewal also runs on its own)."""
         if self._extend is not None:
             self._extend()
+
+    async def flag_tenant(self, duration: Duration, *, reason: str = "") -> TenantFlag:
+        """Flag this job's tenant for ``duration`` (timedelta or seconds): producers of the
+        queue route its new jobs to the secondary lane until the flag expires (within their
+        staleness bound, 1 s by default). See :mod:`streamq.tenants`.
+
+        Flagging does not move this job: raise ``RateLimited`` to re-delay it as well.
+
+        Example::
+
+            except UpstreamThrottled:
+                await job.flag_tenant(timedelta(minutes=5), reason="upstream 429")
+                raise RateLimited(delay=timedelta(seconds=30))
+
+        Raises:
+            ConfigurationError: the queue has no secondary lane or no ``tenant_field``, or
+                this job's payload names no tenant.
+        """
+        control, tenant = self._tenant_target()
+        return await control.flag(tenant, duration, reason=reason)
+
+    def flag_tenant_sync(self, duration: Duration, *, reason: str = "") -> TenantFlag:
+        """:meth:`flag_tenant` for sync processors (they run in a thread of the worker)."""
+        control, tenant = self._tenant_target()
+        return control.flag_from_thread(tenant, duration, reason=reason)
+
+    def _tenant_target(self) -> tuple[TenantControl, str]:
+        if self._tenants is None:
+            raise ConfigurationError(
+                f"queue {self.queue!r} job {self.name!r} (id {self.id}): cannot flag a tenant: "
+                "the contract needs a tenant_field and a secondary lane (secondary_shards=)",
+                queue=self.queue, job=self.name, job_id=self.id,
+            )
+        if not self.tenant:
+            raise ConfigurationError(
+                f"queue {self.queue!r} job {self.name!r} (id {self.id}): cannot flag a tenant: "
+                "the payload's tenant field is empty",
+                queue=self.queue, job=self.name, job_id=self.id,
+            )
+        return self._tenants, self.tenant
 
     def __repr__(self) -> str:
         return f"Job({self.queue}/{self.name} id={self.id} attempt={self.attempt})"

@@ -19,6 +19,9 @@ key                                          type    holds
 ``<prefix>:{<queue>}:workers``               hash    consumer name -> last heartbeat (ms)
 ``<prefix>:{<queue>}:schedules``             hash    ``<name>:paused``, ``<name>:last_run`` (ms)
 ``<prefix>:{<queue>}:schedule-ticks``        zset    schedule name -> last tick handled (ms)
+``<prefix>:{<queue>}:tenant-flags``          zset    flagged tenant -> flag expiry (ms)
+``<prefix>:{<queue>}:tenant-reasons``        hash    flagged tenant -> JSON reason, since (ms)
+``<prefix>:{<queue>}:tenant-slots:<t>``      zset    running job of tenant t -> lease expiry
 ``<prefix>:{runner:<name>}:lease``           hash    a singleton runner's holder and token (TTL)
 ``<prefix>:{runner:<name>}:fence``           string  the last fencing token given (a counter)
 ``<prefix>:{runner:<name>}:data:<key>``      any     a runner's fenced data (``fenced_set``)
@@ -171,6 +174,22 @@ class QueueKeys:
     def schedule_ticks(self) -> str:
         """Zset schedule name -> the last tick the fleet handled (ms), only ever raised."""
         return f"{self.prefix}:{self.tag}:schedule-ticks"
+
+    @property
+    def tenant_flags(self) -> str:
+        """Zset flagged tenant -> when its flag expires (ms, Redis clock); kept on the
+        queue's primary lane and read by producers (:mod:`streamq.tenants`)."""
+        return f"{self.prefix}:{self.tag}:tenant-flags"
+
+    @property
+    def tenant_reasons(self) -> str:
+        """Hash flagged tenant -> JSON ``{"reason", "since_ms"}`` of its flag."""
+        return f"{self.prefix}:{self.tag}:tenant-reasons"
+
+    def tenant_slots(self, tenant: str) -> str:
+        """Zset of the running jobs of ``tenant`` (slot holder -> lease expiry ms), the
+        per-tenant concurrency cap; kept on the queue's primary lane."""
+        return f"{self.prefix}:{self.tag}:tenant-slots:{tenant}"
 
     def for_key(self, sharding_key: str) -> ShardKeys:
         return self.shards[shard_index(sharding_key, self.shard_count)]

@@ -250,6 +250,9 @@ class PrometheusHooks(Hooks):
                                   "marker exists.", qsj)
         self.rejected = counter("enqueue_rejected", "Adds refused before or while writing.",
                                 ("queue", "job", "reason"))
+        self.tenant_routed_total = counter("jobs_routed_by_tenant_flag", "Adds written to the "
+                                           "secondary lane because their tenant is flagged.",
+                                           ("queue", "job"))
         # worker, per job
         self.wait = Histogram(f"{ns}_job_wait_seconds", "Time from when a job became due to "
                               "when its attempt started.", qsj, buckets=wait, registry=r)
@@ -265,6 +268,9 @@ class PrometheusHooks(Hooks):
                                "RateLimited); no attempt spent.", qsj)
         self.dead = counter("jobs_dead_lettered", "Jobs moved to the dead-letter stream.",
                             (*qs, "reason"))
+        self.tenant_waits = counter("tenant_cap_waits", "Jobs re-delayed without spending an "
+                                    "attempt: their tenant ran its tenant_concurrency jobs.",
+                                    qsj)
         # worker, maintenance
         self.stalled = counter("jobs_stalled", "Entries found stalled (lock expired).", qs)
         self.reclaimed = counter("jobs_reclaimed", "Stalled entries taken over to run again.", qs)
@@ -324,6 +330,12 @@ class PrometheusHooks(Hooks):
 
     def enqueue_rejected(self, queue: str, job_name: str, reason: str) -> None:
         self._child(self.rejected, queue, job_name, reason).inc()
+
+    def tenant_routed(self, queue: str, job_name: str) -> None:
+        self._child(self.tenant_routed_total, queue, job_name).inc()
+
+    def tenant_cap_waited(self, queue: str, shard: str, job_name: str) -> None:
+        self._child(self.tenant_waits, queue, shard, job_name).inc()
 
     # -- worker ----------------------------------------------------------------------------
     def consumer_started(

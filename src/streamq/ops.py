@@ -40,6 +40,11 @@ __all__ = [
     "release",
     "renew",
     "retry",
+    "tenant_flag",
+    "tenant_flags",
+    "tenant_slot_acquire",
+    "tenant_slot_release",
+    "tenant_slot_renew",
 ]
 
 
@@ -397,3 +402,98 @@ def dead_retry(shard: ShardKeys, dead_ids: Sequence[str]) -> Call:
         [len(FIELD_NAMES), *FIELD_NAMES, *dead_ids],
         lambda r: [int(x) for x in r],
     )
+
+
+@dataclass(frozen=True, slots=True)
+class TenantFlagReply:
+    """What :func:`tenant_flag` did: the flag's expiry now (0: not flagged), the server time,
+    and whether the tenant was flagged before the call."""
+
+    expiry_ms: int
+    now_ms: int
+    was_flagged: bool
+
+
+def tenant_flag(qkeys: QueueKeys, tenant: str, *, duration_ms: int, reason_json: str) -> Call:
+    """Flag ``tenant`` for ``duration_ms`` (0: lift its flag). A flag only lengthens.
+
+    ``qkeys`` are the keys of the queue's primary lane; ``reason_json`` a JSON object stored
+    beside the flag (the script adds ``since_ms``).
+    """
+    return Call(
+        script("tenant_flag"),
+        [qkeys.tenant_flags, qkeys.tenant_reasons],
+        [tenant, max(0, duration_ms), reason_json],
+        lambda r: TenantFlagReply(int(r[0]), int(r[1]), bool(int(r[2]))),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TenantFlagsRead:
+    """The tenants flagged now: tenant -> expiry ms, their reasons' JSON (when asked), and
+    the server time of the read."""
+
+    now_ms: int
+    expiries: dict[str, int]
+    reasons: dict[str, str]
+
+
+def _flags_read(r: Any) -> TenantFlagsRead:
+    flat = r[1] or []
+    expiries = {_str(flat[i]): int(float(flat[i + 1])) for i in range(0, len(flat), 2)}
+    names = list(expiries)
+    reasons = {
+        names[i]: _str(v) for i, v in enumerate(r[2] or []) if v not in (None, False, 0)
+    }
+    return TenantFlagsRead(int(r[0]), expiries, reasons)
+
+
+def tenant_flags(qkeys: QueueKeys, *, with_reasons: bool = False) -> Call:
+    """Read the tenants flagged now (read only). Reply: a :class:`TenantFlagsRead`."""
+    return Call(
+        script("tenant_flags"),
+        [qkeys.tenant_flags, qkeys.tenant_reasons],
+        [1 if with_reasons else 0],
+        _flags_read,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SlotGrant:
+    """A slot request's answer: granted or not, the tenant's slots taken now, and (refused)
+    ms until the next of them expires."""
+
+    granted: bool
+    taken: int
+    retry_in_ms: int
+
+
+def tenant_slot_acquire(qkeys: QueueKeys, tenant: str, *, cap: int, lease_ms: int,
+                        holder: str) -> Call:
+    """Take one of ``tenant``'s ``cap`` running slots for ``holder`` as a ``lease_ms`` lease.
+    A holder that has its slot already keeps it. Reply: a :class:`SlotGrant`."""
+    return Call(
+        script("tenant_slot_acquire"),
+        [qkeys.tenant_slots(tenant)],
+        [cap, lease_ms, holder],
+        lambda r: SlotGrant(bool(int(r[0])), int(r[1]), int(r[2])),
+    )
+
+
+def tenant_slot_renew(qkeys: QueueKeys, tenant: str, *, lease_ms: int,
+                      holders: Sequence[str]) -> Call:
+    """Extend the leases of ``holders``' slots. Reply: the holders whose slot had expired."""
+    return Call(
+        script("tenant_slot_renew"),
+        [qkeys.tenant_slots(tenant)],
+        [lease_ms, *holders],
+        _str_list,
+    )
+
+
+def tenant_slot_release(qkeys: QueueKeys, tenant: str, holders: Sequence[str]) -> Call:
+    """Give back ``holders``' slots: one ``ZREM`` (no script needed: one command is atomic;
+    the script is named only for the call's bookkeeping). Reply: slots removed."""
+    key = qkeys.tenant_slots(tenant)
+    return Call(script("tenant_slot_renew"), (key,), (), int,
+                command=("ZREM", key, *holders))

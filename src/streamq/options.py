@@ -89,6 +89,11 @@ class WorkerOptions:
         settle_delay: how long a finished job's acknowledgement waits for others to share
             its Redis call, unless ``concurrency`` are already waiting (0: send at once). The
             job's slot is free meanwhile; only the confirmation waits.
+        tenant_concurrency: at most this many jobs of one tenant (the contract's
+            ``tenant_field``) run at once, across every worker and both lanes of the queue
+            (None: no cap). A job over the cap waits without spending an attempt.
+        tenant_wait: how long a job over its tenant's cap is re-delayed before it tries
+            again (jittered by up to a quarter either way).
     """
 
     concurrency: int = 1
@@ -106,6 +111,8 @@ class WorkerOptions:
     dead_letter_cap: int = 100_000
     promote_interval: Duration = timedelta(milliseconds=200)
     settle_delay: Duration = timedelta(milliseconds=2)
+    tenant_concurrency: int | None = None
+    tenant_wait: Duration = timedelta(milliseconds=250)
 
     def __post_init__(self) -> None:
         if not isinstance(self.concurrency, int) or self.concurrency < 1:
@@ -142,6 +149,14 @@ class WorkerOptions:
             raise ConfigurationError("settle_delay must be at most 100 ms")
         if self.timeout is not None:
             to_ms(self.timeout, "timeout", minimum=1)
+        if self.tenant_concurrency is not None and (
+            isinstance(self.tenant_concurrency, bool)
+            or not isinstance(self.tenant_concurrency, int) or self.tenant_concurrency < 1
+        ):
+            raise ConfigurationError(
+                f"tenant_concurrency must be >= 1 (or None), got {self.tenant_concurrency!r}"
+            )
+        to_ms(self.tenant_wait, "tenant_wait", minimum=10)
 
     @property
     def lock_duration_ms(self) -> int:
@@ -177,6 +192,10 @@ class WorkerOptions:
     def promote_interval_s(self) -> float:
         return to_ms(self.promote_interval, "promote_interval") / 1000
 
+    @property
+    def tenant_wait_ms(self) -> int:
+        return to_ms(self.tenant_wait, "tenant_wait", minimum=10)
+
     def merged(self, **overrides: Any) -> WorkerOptions:
         """A copy with ``overrides`` applied; unknown names raise ``ConfigurationError``."""
         known = {f.name for f in fields(self)}
@@ -208,3 +227,5 @@ class ProcessorOptions(TypedDict, total=False):
     dead_letter_cap: int
     promote_interval: Duration
     settle_delay: Duration
+    tenant_concurrency: int | None
+    tenant_wait: Duration

@@ -49,6 +49,7 @@ from streamq.errors import (
 from streamq.fingerprint import record_contract, record_contract_sync
 from streamq.hooks import Hooks
 from streamq.keys import DEFAULT_PREFIX, QueueKeys, ShardKeys
+from streamq.tenants import DEFAULT_FLAG_STALENESS_S, FlagView
 
 __all__ = ["JobRequest", "Queue", "SyncQueue"]
 
@@ -191,9 +192,10 @@ class _Planner:
         *,
         prefix: str,
         secondary_when: SecondaryRule | None,
-        use_secondary: bool,
+        use_secondary: bool | None,
         hooks: Hooks | None,
         max_payload_bytes: int | None,
+        flags_staleness: Duration | None = None,
     ) -> None:
         if not (isinstance(contract, type) and issubclass(contract, QueueContract)):
             raise ConfigurationError(f"{contract!r} is not a QueueContract subclass")
@@ -239,6 +241,13 @@ class _Planner:
         # has recorded the contract in: once per lane, on the first successful send there.
         self._recorded: set[str] = set()
         self.codecs: dict[object, _Codec] = {}
+        # Tenant flags route a flagged tenant's jobs to the secondary lane, unless the caller
+        # chose the lane (secondary=True/False) or the contract has nowhere to route.
+        self.flags: FlagView | None = None
+        if (flags_staleness is not None and use_secondary is None
+                and contract.secondary is not None and contract.tenant_field):
+            staleness_ms = to_ms(flags_staleness, "tenant_flags_staleness", minimum=10)
+            self.flags = FlagView(contract, prefix=prefix, staleness_s=staleness_ms / 1000)
 
     def keys(self, lane: Lane) -> QueueKeys:
         return self._keys[lane.name]
@@ -351,6 +360,8 @@ class _Planner:
         lane = self.default_lane
         if self.secondary_when is not None and self.secondary_when(codec.spec, model):
             lane = self.contract.secondary or lane
+        elif self.flags is not None and self.flags.expiries:
+            lane = self._tenant_lane(lane, codec, model)
         if len(data) > self.max_payload_bytes:
             raise self._too_large(lane, codec, len(data))
         delay_ms = 0 if delay is None else delay_to_ms(delay)
@@ -376,6 +387,16 @@ class _Planner:
         # its dedup window must not overwrite a copy that is still waiting.
         member = ops.delayed_member(jid) if delay_ms > 0 else None
         return _Prepared(lane, shard, codec.name, jid, values, delay_ms, job_id is not None, member)
+
+    def _tenant_lane(self, lane: Lane, codec: _Codec, model: BaseModel) -> Lane:
+        """The secondary lane when the job's tenant is flagged, else ``lane``."""
+        assert self.flags is not None
+        assert self.contract.tenant_field
+        tenant = getattr(model, self.contract.tenant_field, None)
+        if tenant is None or not self.flags.flagged(str(tenant)):
+            return lane
+        self.hooks.tenant_routed(self.contract.queue_name, codec.name)
+        return self.contract.secondary or lane
 
     def _too_large(self, lane: Lane, codec: _Codec, size: int) -> PayloadTooLarge:
         self.hooks.enqueue_rejected(lane.name, codec.name, "too_large")
@@ -462,9 +483,10 @@ class _BaseQueue(Generic[C, R]):
         *,
         prefix: str = DEFAULT_PREFIX,
         secondary_when: SecondaryRule | None = None,
-        secondary: bool = False,
+        secondary: bool | None = None,
         hooks: Hooks | None = None,
         max_payload_bytes: int | None = None,
+        tenant_flags_staleness: Duration | None = DEFAULT_FLAG_STALENESS_S,
         _sharding_key: str | None = None,
     ) -> None:
         self.contract = contract
@@ -475,6 +497,7 @@ class _BaseQueue(Generic[C, R]):
             use_secondary=secondary,
             hooks=hooks,
             max_payload_bytes=max_payload_bytes,
+            flags_staleness=tenant_flags_staleness,
         )
         # A client of the other kind fails late and badly: an async client in a SyncQueue
         # returns un-awaited coroutines (nothing written, an id returned), a sync client in a
@@ -569,9 +592,17 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
         prefix: key prefix shared with the workers.
         secondary_when: a rule ``(job_spec, payload) -> bool`` sending matching jobs to the
             contract's secondary lane (noisy tenants).
-        secondary: write to the secondary lane by default.
+        secondary: ``True`` writes every job to the secondary lane, ``False`` every job to
+            the primary lane (both ignore tenant flags); ``None`` (default) writes to the
+            primary lane but routes the jobs of flagged tenants (and those ``secondary_when``
+            matches) to the secondary lane.
         hooks: instrumentation (metrics, tracing).
         max_payload_bytes: override the contract's payload size limit.
+        tenant_flags_staleness: how stale this producer's view of the flagged tenants may
+            be (timedelta or seconds; default 1 s): a flag set or lifted is followed by
+            every add from that long after on, while Redis answers. The view is read at most
+            every half of it, never once per add. ``None`` ignores tenant flags. Only used
+            when the contract has a ``tenant_field`` and a secondary lane.
 
     The first successful send to each lane also records the contract's fingerprint in the
     lane's meta hash (one extra call, once per ``Queue`` and its ``for_key`` views); see
@@ -633,6 +664,9 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
             UnknownJob, InvalidPayload, PayloadTooLarge: before anything is sent.
             RedisUnavailable, RedisOutOfMemory: the job was not enqueued.
         """
+        flags = self._planner.flags
+        if flags is not None:
+            await flags.refresh(self.redis)
         prepared = [self._prepare(job, payload, job_id, delay, sharding_key)]
         return (await self._send(prepared))[0]
 
@@ -650,6 +684,9 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
                 JobRequest(Ingestion.ingest_event, e, job_id=e.event_id) for e in events
             )
         """
+        flags = self._planner.flags
+        if flags is not None:
+            await flags.refresh(self.redis)
         out: list[str] = []
         for batch in self._prepare_many(requests):
             out.extend(await self._send(batch))
@@ -719,11 +756,17 @@ class SyncQueue(_BaseQueue[C, redis_sync.Redis | redis_sync.RedisCluster]):
         sharding_key: str | None = None,
     ) -> str:
         """Validate and enqueue one job; see :meth:`Queue.add`."""
+        flags = self._planner.flags
+        if flags is not None:
+            flags.refresh_sync(self.redis)
         prepared = [self._prepare(job, payload, job_id, delay, sharding_key)]
         return self._send(prepared)[0]
 
     def add_bulk(self, requests: Iterable[_AnyJobRequest]) -> list[str]:
         """Validate every job, then enqueue them pipelined; see :meth:`Queue.add_bulk`."""
+        flags = self._planner.flags
+        if flags is not None:
+            flags.refresh_sync(self.redis)
         out: list[str] = []
         for batch in self._prepare_many(requests):
             out.extend(self._send(batch))

@@ -179,6 +179,9 @@ QUEUE_OPTIONS: dict[str, QueueOption] = {
     "SETTLE_DELAY": QueueOption("settle_delay", _settle_delay, "seconds 0..0.1"),
     "LIMITER_MAX": QueueOption("limiter_max", lambda r: _int(r, 0), "int >= 0 (0: no limit)"),
     "LIMITER_DURATION": QueueOption("limiter_duration", _seconds, "seconds"),
+    "TENANT_CONCURRENCY": QueueOption(
+        "tenant_concurrency", lambda r: _int(r, 0) or None, "int >= 0 (0: no cap)"
+    ),
 }
 """``QUEUE_<QUEUE>_<OPTION>`` suffixes and the worker option each one sets."""
 

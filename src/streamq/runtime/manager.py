@@ -141,7 +141,9 @@ class WorkerManager:
                 f"{lane.name!r}",
                 queue=lane.name,
             )
-        self._pending[lane.name] = (lane, processor, options or processor.options)
+        opts = options or processor.options
+        _check_tenant_cap(lane, processor, opts)
+        self._pending[lane.name] = (lane, processor, opts)
 
     @staticmethod
     def _wrap_function(lane: Lane, fn: Any) -> Registration:
@@ -452,3 +454,19 @@ class WorkerManager:
                 left = {w.name: w.stats() for w in self._workers.values()}
                 raise TimeoutError(f"queues not idle after {timeout_s} s: {left}")
             await asyncio.sleep(0.02)
+
+
+def _check_tenant_cap(lane: Lane, reg: Registration, options: WorkerOptions) -> None:
+    """Refuse a ``tenant_concurrency`` that cannot be applied, instead of ignoring it."""
+    if options.tenant_concurrency is None:
+        return
+    if not lane.contract.tenant_field:
+        raise RegistrationError(
+            f"queue {lane.name!r}: tenant_concurrency needs a tenant_field on the contract "
+            f"({lane.contract.__name__})", queue=lane.name,
+        )
+    if reg.batch is not None:
+        raise RegistrationError(
+            f"queue {lane.name!r}: tenant_concurrency does not apply to a batch processor",
+            queue=lane.name,
+        )

@@ -49,6 +49,8 @@ from streamq.runtime.context import LaneContext
 from streamq.runtime.execute import run_processor
 from streamq.runtime.fetch import Entry
 from streamq.runtime.settle import SettleOp, Status
+from streamq.runtime.tenancy import TenantGate
+from streamq.tenants import TenantControl
 
 __all__ = ["JobRunner", "Poison", "retry_values"]
 
@@ -104,6 +106,8 @@ class JobRunner:
         pool: threads for sync processors.
         submit: hands a settle to the settler.
         extend_lock: asks the renewal thread for a renewal now (``job.extend_lock``).
+        gate: the per-tenant concurrency cap, when the lane has one.
+        tenants: flags tenants for ``job.flag_tenant``, when the queue can route them.
     """
 
     def __init__(
@@ -114,12 +118,16 @@ class JobRunner:
         *,
         submit: Callable[[SettleOp], None],
         extend_lock: Callable[[], None],
+        gate: TenantGate | None = None,
+        tenants: TenantControl | None = None,
     ) -> None:
         self.ctx = ctx
         self.registration = registration
         self.pool = pool
         self.submit = submit
         self.extend_lock = extend_lock
+        self.gate = gate
+        self.tenants = tenants
         self.running: dict[tuple[int, str], Job[Any]] = {}
 
     def mark_lost(self, shard: int, ids: list[str]) -> list[str]:
@@ -256,7 +264,27 @@ class JobRunner:
             await self.settle_poison(got, free)
             return
         raw, payload, handler = got
-        await self._attempt(shard, raw, payload, handler, free)
+        if self.gate is None:
+            await self._attempt(shard, raw, payload, handler, free)
+            return
+        slot = await self.gate.enter(shard, raw, payload)
+        if slot is None:
+            await self._wait_for_tenant(shard, raw, self.gate.delay_ms(), free)
+            return
+        try:
+            await self._attempt(shard, raw, payload, handler, slot.then(free))
+        finally:
+            slot.release()
+
+    async def _wait_for_tenant(self, shard: ShardKeys, raw: RawJob, delay_ms: int,
+                               free: Callable[[], None]) -> None:
+        """Re-delay a job whose tenant runs its cap already: it never started, so no attempt
+        is spent and no attempt is reported (only the wait is counted)."""
+        op = self._retry_op(shard, raw, delay_ms=delay_ms, values=retry_values(raw))
+        fut = self._settle(op)
+        free()
+        if await fut == Status.APPLIED:
+            self.ctx.hooks.tenant_cap_waited(self.ctx.name, shard.name, raw.name)
 
     def info(self, shard: ShardKeys, raw: RawJob, payload: Any) -> tuple[JobInfo, Job[Any]]:
         """What hooks get about one run, and the job its processor gets."""
@@ -278,7 +306,7 @@ class JobRunner:
             id=raw.id, name=raw.name, queue=ctx.name, shard=shard.name, payload=payload,
             attempt=raw.attempt, max_attempts=ctx.max_attempts, timestamp=raw.timestamp_ms,
             retry_baggage=raw.retry_baggage, trace_context=raw.trace_context, tenant=tenant,
-            extend_lock=self.extend_lock,
+            extend_lock=self.extend_lock, tenant_control=self.tenants,
         )
         return info, job
 

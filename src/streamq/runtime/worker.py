@@ -35,6 +35,8 @@ from streamq.runtime.reclaim import Reclaimer
 from streamq.runtime.renewal import HeldEntries, LockRenewer
 from streamq.runtime.settle import SettleOp, Settler, Status
 from streamq.runtime.supervise import RedisStatus, Supervisor
+from streamq.runtime.tenancy import TenantGate
+from streamq.tenants import TenantControl
 
 __all__ = ["Worker", "stop_tasks"]
 
@@ -108,9 +110,15 @@ class Worker:
             interval_s=options.lock_renew_interval_ms / 1000,
             on_lost=self._lost_from_thread, on_error=self._renew_failed_from_thread,
         )
-        self.runner = JobRunner(ctx, registration, self.pool, submit=self.settler.submit,
-                                extend_lock=self.renewer.renew_now)
         closing = self._is_closing
+        contract = lane.contract
+        self.gate = (TenantGate(ctx, closing=closing)
+                     if options.tenant_concurrency and contract.tenant_field else None)
+        self.tenants = (TenantControl(contract, client, prefix=prefix)
+                        if contract.tenant_field and contract.secondary else None)
+        self.runner = JobRunner(ctx, registration, self.pool, submit=self.settler.submit,
+                                extend_lock=self.renewer.renew_now, gate=self.gate,
+                                tenants=self.tenants)
         self.promoter = Promoter(ctx, on_ok=self.status.ok, closing=closing)
         self.reclaimer = Reclaimer(ctx, self.intake, self.held, on_lost=self._mark_lost,
                                    is_paused=self.pause, closing=closing)
@@ -196,6 +204,10 @@ class Worker:
         sup.spawn("promoter", self.promoter.run)
         sup.spawn("reclaimer", self.reclaimer.run)
         sup.spawn("heartbeat", self.heartbeat.run)
+        if self.gate is not None:
+            sup.spawn("tenant-slots", self.gate.run)
+        if self.tenants is not None:
+            self.tenants.bind()
         groups = [[s] for s in self.shards] if self.ctx.cluster else [list(self.shards)]
         if len(self.fetch_clients) < len(groups):
             raise ValueError(f"{len(groups)} readers need as many fetch clients")

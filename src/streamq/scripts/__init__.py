@@ -30,6 +30,10 @@ SCRIPT_NAMES = (
     "release",
     "renew",
     "retry",
+    "tenant_flag",
+    "tenant_flags",
+    "tenant_slot_acquire",
+    "tenant_slot_renew",
 )
 
 
