@@ -406,3 +406,11 @@ def test_uvloop_asked_for_but_not_installed_is_named(monkeypatch: pytest.MonkeyP
     assert "pip install 'streamq[uvloop]'" in found["WORKER_EVENT_LOOP"]
     # auto falls back to asyncio's loop instead
     assert parse_settings(env(WORKER_EVENT_LOOP="auto"), lanes=LANES).event_loop == "auto"
+
+
+def test_tenant_concurrency_variable_sets_the_cap_and_zero_removes_it() -> None:
+    s = parse_settings(env(QUEUE_NOTES_TENANT_CONCURRENCY="3"), lanes=LANES)
+    assert worker_overrides(s, app)["notes"] == {"tenant_concurrency": 3}
+    s = parse_settings(env(QUEUE_NOTES_TENANT_CONCURRENCY="0"), lanes=LANES)
+    assert worker_overrides(s, app)["notes"] == {"tenant_concurrency": None}
+    assert "QUEUE_NOTES_TENANT_CONCURRENCY" in problems(env(QUEUE_NOTES_TENANT_CONCURRENCY="-1"))
