@@ -1,13 +1,16 @@
 """The contracts of the ingestion example: the one module producers and the worker share.
 
-Three queues, as in the production ingestion worker this example is modelled on:
+Four queues, as in the production ingestion worker this example is modelled on:
 
 - ``ingestion``: many small events, 4 shards keyed by ``<project_id>-<entity_id>`` (one
   entity's events always land on the same shard), and a secondary lane for noisy projects so
-  one tenant's flood cannot delay everyone else.
-- ``evaluation``: re-evaluates an entity after its events landed; a global rate limit (set
-  on the processor) protects the rules engine, and transient failures are retried.
+  one tenant's flood cannot delay everyone else: known noisy projects are routed there by
+  the producer's rule, and a project the event store throttles is flagged there for a while.
+- ``evaluation``: re-evaluates an entity after its events landed; a global rate limit and a
+  per-project cap (set on the processor) protect the rules engine, and transient failures
+  are retried.
 - ``deletion``: heavy deletes, one at a time with a long lock (set on the processor).
+- ``maintenance``: the retention job, enqueued by a schedule.
 """
 
 from __future__ import annotations
@@ -22,18 +25,24 @@ from streamq import Backoff, ContractSet, JobDefaults, JobSpec, QueueContract, j
 __all__ = [
     "CONTRACTS",
     "NOISY_PROJECTS",
+    "THROTTLED_PROJECTS",
     "DeleteEntities",
     "Deletion",
     "EvaluateEntity",
     "Evaluation",
     "IngestEvent",
     "Ingestion",
+    "Maintenance",
+    "Retention",
     "is_noisy",
     "sharding_key",
 ]
 
 NOISY_PROJECTS = frozenset({"proj-000", "proj-001"})
 """Projects whose traffic goes to the ingestion queue's secondary lane."""
+
+THROTTLED_PROJECTS = frozenset({"proj-007"})
+"""Projects the event store throttles: the worker flags them to the secondary lane."""
 
 
 class IngestEvent(BaseModel):
@@ -101,7 +110,21 @@ class Deletion(
     delete_entities = job("delete-entities", DeleteEntities)
 
 
-CONTRACTS = ContractSet(Ingestion, Evaluation, Deletion)
+class Retention(BaseModel):
+    """Forget stored events older than ``max_age_s``."""
+
+    max_age_s: float = 2.0
+
+
+class Maintenance(
+    QueueContract,
+    name="maintenance",
+    defaults=JobDefaults(attempts=2, backoff=Backoff.fixed(timedelta(milliseconds=100))),
+):
+    retention = job("retention", Retention)
+
+
+CONTRACTS = ContractSet(Ingestion, Evaluation, Deletion, Maintenance)
 
 
 def sharding_key(project_id: str, entity_id: str) -> str:

@@ -5,11 +5,15 @@
 1. uses ``REDIS_URL`` when set, else ensures the embedded Redis of ``STREAMQ_DATA_DIR``;
 2. starts ``python -m worker`` as a subprocess with the example's queue flags, under a key
    prefix of its own;
-3. enqueues ``--jobs`` jobs with the example producer;
-4. shows processed / retried / dead-lettered / queue depth until every queue is empty (the
-   depth comes from Redis, the counters from the worker's ``/metrics``);
-5. prints a summary, stops the worker with SIGTERM, and removes its keys (and stops the
-   embedded Redis when it started it).
+3. enqueues ``--jobs`` jobs with the example producer: a first wave, then (once the worker
+   flagged the throttled project) a few late events, which the producer routes to the
+   secondary lane by itself;
+4. shows processed + in flight + waiting = enqueued (from Redis) with the retry count (from
+   the worker's ``/metrics``) until every queue is empty and the retention schedule and the
+   cleaner runner have run;
+5. prints a summary (with the tenant flag, the per-project cap, the schedule's ticks, the
+   runner's runs and the startup hook), stops the worker with SIGTERM, and removes its keys
+   (and stops the embedded Redis when it started it).
 
     python -m examples.ingestion.demo --jobs 5000
 """
@@ -34,21 +38,25 @@ from typing import Any, TextIO
 
 import redis.asyncio as aioredis
 
-from examples.ingestion.contracts import CONTRACTS
-from examples.ingestion.producer import plan, produce
-from streamq import embedded
+from examples.ingestion.contracts import CONTRACTS, Ingestion, Maintenance
+from examples.ingestion.producer import FLAG_STALENESS_S, Enqueued, Plan, plan, produce
+from streamq import QueueAdmin, TenantFlag, embedded
 from streamq.keys import QueueKeys
 
 __all__ = ["main", "run_demo"]
 
 ROOT = Path(__file__).resolve().parents[2]
-LANES = [lane for lane in CONTRACTS.lanes()]
+LANES = [lane for lane in CONTRACTS.lanes() if lane.contract is not Maintenance]
+"""The lanes of the producer's jobs (the maintenance queue's jobs come from the schedule)."""
+FLAG_WAIT_S = 10.0
+"""How long the late wave waits for the worker to flag the throttled project."""
 WORKER_ENV = {
     "WORKER_APP": "examples.ingestion.app:app",
     "QUEUE_CONSUMER_INGESTION_IS_ENABLED": "true",
     "QUEUE_CONSUMER_INGESTION_SECONDARY_IS_ENABLED": "true",
     "QUEUE_CONSUMER_EVALUATION_IS_ENABLED": "true",
     "QUEUE_CONSUMER_DELETION_IS_ENABLED": "true",
+    "QUEUE_CONSUMER_MAINTENANCE_IS_ENABLED": "true",
     # The noisy projects' lane gets less concurrency: it cannot crowd out the others.
     "QUEUE_INGESTION_SECONDARY_CONCURRENCY": "10",
     "LOG_FORMAT": "json",
@@ -59,23 +67,49 @@ COUNTERS = {
     "processed": "streamq_jobs_completed_total",
     "retried": "streamq_jobs_retried_total",
     "dead": "streamq_jobs_dead_lettered_total",
+    "cap_waits": "streamq_tenant_cap_waits_total",
 }
+SKIPPED_QUEUES = frozenset({f'queue="{Maintenance.queue_name}"'})
+"""Series of the scheduled maintenance jobs: not part of the producer's jobs."""
+LOG_MARKS = {
+    "startup": "startup hook: event store opened",
+    "ticks": "retention applied:",
+    "runs": "cleaner ran:",
+}
+"""What the example app logs (message starts), counted from the worker's log."""
 
 
 @dataclass
 class Snapshot:
-    """One reading of the queues and the worker's counters."""
+    """One reading of the queues (from Redis) and the worker's counters (/metrics).
 
+    ``processed + in_flight + waiting == total`` by construction: a job enqueued and not in
+    a stream or the delayed set has completed or been dead-lettered.
+    """
+
+    total: int
+    """Jobs enqueued so far."""
     ready: int
-    retrying: int
+    in_flight: int
+    delayed: int
     dead: int
-    processed: int
+    completed: int | None
+    """From /metrics; None when it is not reachable."""
     retried: int | None
-    """None when the worker's /metrics is not reachable."""
+    cap_waits: int | None
+
+    @property
+    def waiting(self) -> int:
+        return self.ready + self.delayed
+
+    @property
+    def processed(self) -> int:
+        """Completed or dead-lettered."""
+        return self.total - self.in_flight - self.waiting
 
     @property
     def depth(self) -> int:
-        return self.ready + self.retrying
+        return self.in_flight + self.waiting
 
 
 def _free_port() -> int:
@@ -85,15 +119,29 @@ def _free_port() -> int:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sum each counter of :data:`COUNTERS` over its labels, from Prometheus text."""
+    """Sum each counter of :data:`COUNTERS` over its labels, from Prometheus text (the
+    maintenance queue's series left out)."""
     sums = dict.fromkeys(COUNTERS, 0.0)
     names = {metric: key for key, metric in COUNTERS.items()}
     for line in text.splitlines():
         name, _, rest = line.partition("{")
         key = names.get(name)
-        if key is not None and rest:
+        if key is not None and rest and not any(q in rest for q in SKIPPED_QUEUES):
             sums[key] += float(rest.rsplit(" ", 1)[1])
     return sums
+
+
+def count_logged(log_path: Path) -> dict[str, int]:
+    """How many lines of the worker's JSON log start with each message of LOG_MARKS."""
+    counts = dict.fromkeys(LOG_MARKS, 0)
+    with contextlib.suppress(OSError):
+        for line in log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                message = str(json.loads(line).get("message", ""))
+                for key, mark in LOG_MARKS.items():
+                    if message.startswith(mark):
+                        counts[key] += 1
+    return counts
 
 
 def _scrape(port: int) -> dict[str, float] | None:
@@ -107,28 +155,44 @@ def _scrape(port: int) -> dict[str, float] | None:
 class Monitor:
     """Reads queue depth and dead letters from Redis and counters from the worker."""
 
-    def __init__(self, client: Any, prefix: str, metrics_port: int, enqueued: int) -> None:
+    def __init__(self, client: Any, prefix: str, metrics_port: int, group: str = "streamq"
+                 ) -> None:
         self.client = client
         self.metrics_port = metrics_port
-        self.enqueued = enqueued
+        self.group = group
+        self.enqueued = 0
+        self.lock = asyncio.Lock()
+        """Held while jobs are enqueued, so a reading never sees jobs it does not count."""
         self.shards = [s for lane in LANES
                        for s in QueueKeys(prefix, lane.name, lane.shards).shards]
 
+    def wave_done(self, enqueued: int) -> None:
+        self.enqueued = enqueued
+
     async def read(self) -> Snapshot:
-        pipe = self.client.pipeline(transaction=False)
-        for s in self.shards:
-            pipe.xlen(s.stream)
-            pipe.zcard(s.delayed)
-            pipe.xlen(s.dead)
-        counts = await pipe.execute()
-        ready, retrying, dead = (sum(counts[i::3]) for i in range(3))
+        async with self.lock:
+            pipe = self.client.pipeline(transaction=True)
+            for s in self.shards:
+                pipe.xlen(s.stream)
+                pipe.xpending(s.stream, self.group)
+                pipe.zcard(s.delayed)
+                pipe.xlen(s.dead)
+            counts = await pipe.execute(raise_on_error=False)
+            total = self.enqueued
+        length, pending, delayed, dead = 0, 0, 0, 0
+        for i in range(0, len(counts), 4):
+            n, p, d, x = counts[i:i + 4]
+            # No group yet (the worker has not read that stream): nothing is in flight.
+            in_flight = int(p.get("pending") or 0) if isinstance(p, dict) else 0
+            length, pending = length + int(n), pending + in_flight
+            delayed, dead = delayed + int(d), dead + int(x)
         metrics = await asyncio.to_thread(_scrape, self.metrics_port)
-        if metrics is None:
-            # Without the worker's counters, what left the queues and is not dead completed.
-            processed = self.enqueued - ready - retrying - dead
-            return Snapshot(ready, retrying, dead, processed, None)
-        return Snapshot(ready, retrying, dead, int(metrics["processed"]),
-                        int(metrics["retried"]))
+
+        def metric(key: str) -> int | None:
+            return None if metrics is None else int(metrics[key])
+
+        return Snapshot(total, max(0, length - pending), pending, delayed, dead,
+                        metric("processed"), metric("retried"), metric("cap_waits"))
 
     async def dead_reasons(self) -> Counter[str]:
         reasons: Counter[str] = Counter()
@@ -141,19 +205,19 @@ class Monitor:
 class Progress:
     """A line updated in place at a terminal; a line a second otherwise."""
 
-    def __init__(self, out: TextIO, total: int) -> None:
+    def __init__(self, out: TextIO) -> None:
         self.out = out
-        self.total = total
         self.tty = out.isatty()
         self.last_line = 0.0
 
     def show(self, elapsed: float, snap: Snapshot, *, final: bool = False) -> None:
         retried = "n/a" if snap.retried is None else str(snap.retried)
-        rate = (snap.processed + snap.dead) / elapsed if elapsed > 0 else 0.0
+        rate = snap.processed / elapsed if elapsed > 0 else 0.0
         line = (
-            f"{elapsed:5.1f}s  processed {snap.processed}/{self.total}  retried {retried}  "
-            f"dead-lettered {snap.dead}  depth {snap.depth} (ready {snap.ready}, "
-            f"retrying {snap.retrying})  {rate:,.0f} jobs/s"
+            f"{elapsed:5.1f}s  processed {snap.processed} (completed "
+            f"{snap.processed - snap.dead}, dead-lettered {snap.dead}) + in flight "
+            f"{snap.in_flight} + waiting {snap.waiting} (ready {snap.ready}, delayed "
+            f"{snap.delayed}) = {snap.total} enqueued  retried {retried}  {rate:,.0f} jobs/s"
         )
         if self.tty:
             self.out.write("\r\x1b[2K" + line + ("\n" if final else ""))
@@ -229,26 +293,86 @@ async def _delete_prefix(client: Any, prefix: str) -> None:
         await client.unlink(*batch)
 
 
-def _summary(out: TextIO, lanes: Counter[str], snap: Snapshot, reasons: Counter[str],
+@dataclass
+class Story:
+    """What the demo saw besides the job counts: the flag, the lanes, the app's log."""
+
+    enqueued: Enqueued
+    flags: list[TenantFlag]
+    late: int
+    logged: dict[str, int]
+
+
+def _summary(out: TextIO, story: Story, snap: Snapshot, reasons: Counter[str],
              elapsed: float, worker_rc: int | None) -> None:
-    total = sum(lanes.values())
-    finished = snap.processed + snap.dead
+    lanes = story.enqueued.lanes
     per_lane = ", ".join(f"{name} {n}" for name, n in lanes.items())
     why = ", ".join(f"{r} {n}" for r, n in sorted(reasons.items())) or "none"
     retried = "n/a (no /metrics)" if snap.retried is None else str(snap.retried)
+    completed = snap.processed - snap.dead if snap.completed is None else snap.completed
+    if story.flags:
+        f = story.flags[0]
+        flag = (f"{f.tenant} flagged by the {f.by or 'worker'} ({f.reason}); "
+                f"{story.enqueued.routed} of {story.late} late events routed to "
+                f"{Ingestion.queue_name}-secondary")
+    else:
+        flag = f"no project flagged within {FLAG_WAIT_S:.0f} s; late events not rerouted"
+    waits = "n/a" if snap.cap_waits is None else str(snap.cap_waits)
+    logged = story.logged
     rows = [
-        ("jobs enqueued", f"{total}  ({per_lane})"),
-        ("processed", str(snap.processed)),
+        ("jobs enqueued", f"{snap.total}  ({per_lane})"),
+        ("processed", str(completed)),
         ("retried", f"{retried}  (failed attempts run again)"),
         ("dead-lettered", f"{snap.dead}  ({why})"),
+        ("tenant flag", flag),
+        ("tenant cap", f"evaluation: at most 5 jobs of one project at once; {waits} waits "
+                       "for a slot (no attempt spent)"),
+        ("schedule", f"retention: {logged['ticks']} ticks run (every 1 s, once per tick "
+                     "across the fleet)"),
+        ("runner", f"cleaner (singleton): {logged['runs']} runs (every 0.5 s)"),
+        ("startup hook", "ran: event store opened" if logged["startup"] else "did not run"),
         ("elapsed", f"{elapsed:.2f} s"),
-        ("throughput", f"{finished / elapsed:,.0f} jobs/s" if elapsed > 0 else "n/a"),
+        ("throughput", f"{snap.processed / elapsed:,.0f} jobs/s" if elapsed > 0 else "n/a"),
     ]
     if worker_rc is not None:
         rows.append(("worker", f"stopped with SIGTERM, exit code {worker_rc}"))
     print("\nSummary", file=out)
     for name, value in rows:
         print(f"  {name:<15}{value}", file=out)
+
+
+async def _flag_then_wait(admin: QueueAdmin, flags: list[TenantFlag]) -> None:
+    """Wait (bounded) until the worker flagged the throttled project, then for the
+    producer's staleness bound, so the late wave follows the flag."""
+    deadline = time.monotonic() + FLAG_WAIT_S
+    while time.monotonic() < deadline:
+        found = await admin.flagged_tenants()
+        if found:
+            flags.extend(found)
+            await asyncio.sleep(FLAG_STALENESS_S)
+            return
+        await asyncio.sleep(0.05)
+
+
+def _app_ran(log_path: Path) -> bool:
+    logged = count_logged(log_path)
+    return logged["ticks"] > 0 and logged["runs"] > 0
+
+
+async def _produce(client: Any, the_plan: Plan, prefix: str, monitor: Monitor,
+                   flags: list[TenantFlag]) -> Enqueued:
+    admin = QueueAdmin(client, Ingestion, prefix=prefix)
+
+    async def before_late() -> None:
+        monitor.lock.release()  # let the progress line run while the flag is awaited
+        try:
+            await _flag_then_wait(admin, flags)
+        finally:
+            await monitor.lock.acquire()
+
+    async with monitor.lock:
+        return await produce(client, the_plan, prefix=prefix, before_late=before_late,
+                             wave_done=monitor.wave_done)
 
 
 async def _run_jobs(client: Any, url: str, prefix: str, jobs: int, timeout_s: float,
@@ -261,19 +385,20 @@ async def _run_jobs(client: Any, url: str, prefix: str, jobs: int, timeout_s: fl
         print(f"worker: pid {proc.pid}, keys under {prefix}:*, metrics on "
               f"http://127.0.0.1:{metrics_port}/metrics, log in {log_path}", file=out)
         the_plan = plan(jobs)
+        monitor = Monitor(client, prefix, metrics_port)
+        flags: list[TenantFlag] = []
         t0 = time.monotonic()
-        lanes = await produce(client, the_plan, prefix=prefix)
-        print(f"producer: enqueued {len(the_plan)} jobs in {time.monotonic() - t0:.2f} s",
-              file=out, flush=True)
-        monitor = Monitor(client, prefix, metrics_port, len(the_plan))
-        progress = Progress(out, len(the_plan))
+        producing = asyncio.create_task(_produce(client, the_plan, prefix, monitor, flags))
+        progress = Progress(out)
         done, snap = False, await monitor.read()
         while time.monotonic() - t0 < timeout_s:
             snap = await monitor.read()
             # Empty queues mean every job settled: settles and retries are atomic scripts,
-            # so a job is always in the stream, the delayed set or the dead letters.
-            counted = snap.retried is None or snap.processed + snap.dead >= len(the_plan)
-            if snap.depth == 0 and counted:
+            # so a job is always in the stream, the delayed set or the dead letters. The
+            # demo also waits for a schedule tick and a runner run, to show them.
+            counted = snap.completed is None or snap.completed + snap.dead >= snap.total
+            if (producing.done() and snap.depth == 0 and counted
+                    and await asyncio.to_thread(_app_ran, log_path)):
                 done = True
                 break
             progress.show(time.monotonic() - t0, snap)
@@ -281,11 +406,14 @@ async def _run_jobs(client: Any, url: str, prefix: str, jobs: int, timeout_s: fl
         elapsed = time.monotonic() - t0
         progress.show(elapsed, snap, final=True)
         if not done:
+            producing.cancel()
             print(f"not finished after {timeout_s:.0f} s; worker log:\n{_tail(log_path)}",
                   file=out)
+        enqueued = await producing if done else Enqueued()
         reasons = await monitor.dead_reasons()
         worker_rc = await asyncio.to_thread(stop_worker, proc)
-        _summary(out, lanes, snap, reasons, elapsed, worker_rc)
+        story = Story(enqueued, flags, len(the_plan.late), count_logged(log_path))
+        _summary(out, story, snap, reasons, elapsed, worker_rc)
         return done and worker_rc == 0, worker_rc
     finally:
         if worker_rc is None:

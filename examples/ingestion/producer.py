@@ -5,6 +5,10 @@ go to the secondary lane), a quarter evaluations, and a deletion every 250 jobs,
 deletions of a project that no longer exists (they fail permanently). The same ``--jobs``
 and ``--seed`` always give the same jobs.
 
+A few events of the throttled project (``proj-007``) come in a second, *late* wave: the
+worker flags that project when the event store throttles its first event, and the late
+events then go to the secondary lane by themselves (the producer follows the flag).
+
 Run it on its own (``REDIS_URL`` unset: the embedded Redis of ``STREAMQ_DATA_DIR``)::
 
     python -m examples.ingestion.producer --jobs 5000
@@ -28,6 +32,7 @@ import os
 import random
 import signal
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +40,7 @@ import redis.asyncio as aioredis
 
 from examples.ingestion.contracts import (
     NOISY_PROJECTS,
+    THROTTLED_PROJECTS,
     DeleteEntities,
     Deletion,
     EvaluateEntity,
@@ -45,12 +51,14 @@ from examples.ingestion.contracts import (
     sharding_key,
 )
 from examples.ingestion.services import GONE_PROJECTS
-from streamq import Hooks, JobRequest, Queue, RedisOutOfMemory, RedisUnavailable
+from streamq import CompositeHooks, Hooks, JobRequest, Queue, RedisOutOfMemory, RedisUnavailable
 from streamq.embedded import DEFAULT_PORT, ensure_embedded_redis
 
-__all__ = ["Plan", "plan", "produce", "serve_metrics"]
+__all__ = ["FLAG_STALENESS_S", "Enqueued", "Plan", "plan", "produce", "serve_metrics"]
 
 PROJECTS = [f"proj-{i:03d}" for i in range(40)]
+FLAG_STALENESS_S = 0.25
+"""How stale the ingestion producer's view of flagged projects may be."""
 
 
 @dataclass
@@ -61,23 +69,38 @@ class Plan:
     evaluation: list[JobRequest[EvaluateEntity]] = field(default_factory=list)
     deletion: list[tuple[str, DeleteEntities]] = field(default_factory=list)
     """(job id, payload): deletions carry an id, so enqueuing one twice runs it once."""
-
-    def lanes(self) -> Counter[str]:
-        """How many jobs go to each lane."""
-        counts: Counter[str] = Counter()
-        for r in self.ingestion:
-            noisy = getattr(r.payload, "project_id", None) in NOISY_PROJECTS
-            counts["ingestion-secondary" if noisy else "ingestion"] += 1
-        counts["evaluation"] += len(self.evaluation)
-        counts["deletion"] += len(self.deletion)
-        return counts
+    late: list[JobRequest[IngestEvent]] = field(default_factory=list)
+    """Events of the throttled project, enqueued after the first wave."""
 
     def __len__(self) -> int:
-        return len(self.ingestion) + len(self.evaluation) + len(self.deletion)
+        return len(self.ingestion) + len(self.evaluation) + len(self.deletion) + len(self.late)
+
+
+class Enqueued(Hooks):
+    """Counts the jobs written to each lane, and those routed by a tenant flag."""
+
+    def __init__(self) -> None:
+        self.lanes: Counter[str] = Counter()
+        self.routed = 0
+
+    def enqueued(self, queue: str, shard: str, job_name: str, *, delayed: bool) -> None:
+        self.lanes[queue] += 1
+
+    def tenant_routed(self, queue: str, job_name: str) -> None:
+        self.routed += 1
+
+
+def _event(project: str, entity: str, event_id: str, kind: str) -> JobRequest[IngestEvent]:
+    return JobRequest(
+        Ingestion.ingest_event,
+        IngestEvent(project_id=project, entity_id=entity, event_id=event_id, kind=kind,
+                    attributes={"source": "demo"}, api_key=f"key-{project}"),
+        sharding_key=sharding_key(project, entity),
+    )
 
 
 def plan(jobs: int, *, seed: int = 7) -> Plan:
-    """``jobs`` jobs (at least 3), the same ones for the same ``jobs`` and ``seed``."""
+    """``jobs`` jobs (at least 6), the same ones for the same ``jobs`` and ``seed``."""
     rng = random.Random(seed)
     out = Plan()
     gone = sorted(GONE_PROJECTS)[0]
@@ -85,7 +108,12 @@ def plan(jobs: int, *, seed: int = 7) -> Plan:
         (f"delete-{gone}-{n}", DeleteEntities(project_id=gone, entity_ids=["ent-001"]))
         for n in range(2 if jobs >= 100 else 1)
     ]
-    for i in range(jobs - len(out.deletion)):
+    # The throttled project's first event leads the first wave; a few more come late.
+    throttled = sorted(THROTTLED_PROJECTS)[0]
+    out.ingestion.append(_event(throttled, "ent-000", f"evt-{seed}-throttled-0", "update"))
+    out.late = [_event(throttled, f"ent-{n:03d}", f"evt-{seed}-late-{n}", "update")
+                for n in range(max(2, jobs // 100))]
+    for i in range(jobs - len(out)):
         noisy = rng.random() < 0.25
         project = rng.choice(sorted(NOISY_PROJECTS)) if noisy else rng.choice(PROJECTS[2:])
         entity = f"ent-{rng.randrange(500):03d}"
@@ -101,31 +129,29 @@ def plan(jobs: int, *, seed: int = 7) -> Plan:
                 sharding_key=key,
             ))
         else:
-            out.ingestion.append(JobRequest(
-                Ingestion.ingest_event,
-                IngestEvent(
-                    project_id=project,
-                    entity_id=entity,
-                    event_id=f"evt-{seed}-{i:07d}",
-                    kind=rng.choice(("create", "update", "update", "delete")),
-                    attributes={"source": "demo"},
-                    api_key=f"key-{project}",
-                ),
-                sharding_key=sharding_key(project, entity),
-            ))
+            kind = rng.choice(("create", "update", "update", "delete"))
+            out.ingestion.append(_event(project, entity, f"evt-{seed}-{i:07d}", kind))
     return out
 
 
 async def produce(
-    client: Any, the_plan: Plan, *, prefix: str, hooks: Hooks | None = None
-) -> Counter[str]:
-    """Enqueue ``the_plan``; returns how many jobs each lane received.
+    client: Any, the_plan: Plan, *, prefix: str, hooks: Hooks | None = None,
+    before_late: Callable[[], Awaitable[None]] | None = None,
+    wave_done: Callable[[int], None] | None = None,
+) -> Enqueued:
+    """Enqueue ``the_plan``: the first wave, then (after ``before_late``) the late events.
 
-    ``hooks`` instrument the adds (see :func:`serve_metrics`).
+    ``hooks`` instrument the adds too (see :func:`serve_metrics`). ``wave_done(n)`` is told
+    how many jobs are enqueued after each wave. Returns the counts: jobs per lane, and how
+    many the throttled project's flag routed.
     """
-    ingestion = Queue(Ingestion, client, prefix=prefix, secondary_when=is_noisy, hooks=hooks)
-    evaluation = Queue(Evaluation, client, prefix=prefix, hooks=hooks)
-    deletion = Queue(Deletion, client, prefix=prefix, hooks=hooks)
+    counts = Enqueued()
+    both: Hooks = counts if hooks is None else CompositeHooks([counts, hooks])
+    # The rule sends the known noisy projects aside; a flagged project goes aside too.
+    ingestion = Queue(Ingestion, client, prefix=prefix, secondary_when=is_noisy, hooks=both,
+                      tenant_flags_staleness=FLAG_STALENESS_S)
+    evaluation = Queue(Evaluation, client, prefix=prefix, hooks=both)
+    deletion = Queue(Deletion, client, prefix=prefix, hooks=both)
     # Bulk adds: one pipelined round trip per 500 jobs, each job on its key's shard.
     await ingestion.add_bulk(the_plan.ingestion)
     await evaluation.add_bulk(the_plan.evaluation)
@@ -134,7 +160,14 @@ async def produce(
         await deletion.for_key(payload.project_id).add(
             Deletion.delete_entities, payload, job_id=job_id
         )
-    return the_plan.lanes()
+    if wave_done is not None:
+        wave_done(len(the_plan) - len(the_plan.late))
+    if before_late is not None:
+        await before_late()
+    await ingestion.add_bulk(the_plan.late)
+    if wave_done is not None:
+        wave_done(len(the_plan))
+    return counts
 
 
 def serve_metrics(port: int, host: str = "0.0.0.0") -> tuple[Hooks, Any]:
@@ -160,7 +193,8 @@ async def _batches(client: Any, ns: argparse.Namespace, hooks: Hooks | None,
         try:
             counts = await produce(client, plan(ns.jobs, seed=seed), prefix=ns.prefix,
                                    hooks=hooks)
-            print(", ".join(f"{lane}: {n}" for lane, n in sorted(counts.items())), flush=True)
+            print(", ".join(f"{lane}: {n}" for lane, n in sorted(counts.lanes.items())),
+                  flush=True)
         except (RedisUnavailable, RedisOutOfMemory) as exc:
             if ns.every <= 0:
                 raise

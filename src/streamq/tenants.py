@@ -133,7 +133,11 @@ def _flag_call(
 def _flagged(contract: type[QueueContract], tenant: str, reply: ops.TenantFlagReply,
              reason: str, by: str) -> TenantFlag:
     queue = contract.queue_name
-    _log.warning(
+    # A new flag is news; flagging a tenant that is flagged already (every throttled job of
+    # it may do so) only keeps it flagged.
+    _log.log(
+        logging.INFO if reply.was_flagged else logging.WARNING,
+        "tenant flag renewed" if reply.was_flagged else
         "tenant flagged: its new jobs go to the secondary lane until the flag expires",
         extra={"queue": queue, "tenant": tenant, "flag_reason": reason, "by": by,
                "expires_in_ms": reply.expiry_ms - reply.now_ms,

@@ -21,7 +21,8 @@ JOBS = 300
 def expected(jobs: int) -> dict[str, int]:
     """What the deterministic services make of ``plan(jobs)``."""
     p = plan(jobs)
-    ingest = [failing_attempts("store", r.payload.event_id) for r in p.ingestion]  # type: ignore[union-attr]
+    ingest = [failing_attempts("store", r.payload.event_id)  # type: ignore[union-attr]
+              for r in p.ingestion + p.late]
     rules = [
         failing_attempts("rules", f"{r.payload.project_id}/{r.payload.entity_id}/default")  # type: ignore[union-attr]
         for r in p.evaluation
@@ -69,9 +70,33 @@ def test_demo_runs_end_to_end_and_prints_the_summary(
         assert retried.startswith("n/a")
     assert re.fullmatch(r"[\d,]+ jobs/s", summary_value(out, "throughput"))
     assert summary_value(out, "worker") == "stopped with SIGTERM, exit code 0"
-    # Progress lines (stdout is not a terminal: whole lines, no carriage returns).
+    # Progress lines (stdout is not a terminal: whole lines, no carriage returns), each
+    # adding up: processed (completed + dead-lettered) + in flight + waiting = enqueued.
     assert "\r" not in out
-    assert re.search(r"processed \d+/300 .* depth \d+", out)
+    progress = re.findall(
+        r"processed (\d+) \(completed (\d+), dead-lettered (\d+)\) \+ in flight (\d+) "
+        r"\+ waiting (\d+) \(ready (\d+), delayed (\d+)\) = (\d+) enqueued", out)
+    assert progress
+    for line in progress:
+        done, completed, dead, in_flight, waiting, ready, delayed, total = map(int, line)
+        assert done + in_flight + waiting == total
+        assert completed + dead == done
+        assert ready + delayed == waiting
+        assert min(completed, in_flight, ready, delayed) >= 0
+    assert progress[-1][-1] == str(want["enqueued"])
+    # The example app's tenant flag, cap, schedule, runner and startup hook show.
+    assert summary_value(out, "tenant flag").startswith("proj-007 flagged by the processor")
+    late = len(plan(JOBS).late)
+    assert f"{late} of {late} late events routed to ingestion-secondary" in out
+    assert re.match(r"evaluation: at most 5 jobs of one project at once; (\d+|n/a) waits",
+                    summary_value(out, "tenant cap"))
+    ticks = re.match(r"retention: (\d+) ticks run", summary_value(out, "schedule"))
+    assert ticks is not None
+    assert int(ticks.group(1)) >= 1
+    runs = re.match(r"cleaner \(singleton\): (\d+) runs", summary_value(out, "runner"))
+    assert runs is not None
+    assert int(runs.group(1)) >= 1
+    assert summary_value(out, "startup hook") == "ran: event store opened"
     # The demo removes its keys.
     prefix = re.search(r"keys under (demo-[0-9a-f]+):\*", out)
     assert prefix is not None
@@ -87,5 +112,8 @@ def test_parse_metrics_sums_counters_over_labels() -> None:
         'streamq_jobs_completed_created{job="a",queue="q",shard="q"} 1.7e9',
         'streamq_jobs_retried_total{job="a",queue="q",shard="q"} 2.0',
         'streamq_jobs_dead_lettered_total{queue="q",reason="error",shard="q"} 1.0',
+        'streamq_jobs_completed_total{job="retention",queue="maintenance",shard="m"} 5.0',
+        'streamq_tenant_cap_waits_total{job="a",queue="q",shard="q"} 6.0',
     ])
-    assert parse_metrics(text) == {"processed": 7.0, "retried": 2.0, "dead": 1.0}
+    assert parse_metrics(text) == {"processed": 7.0, "retried": 2.0, "dead": 1.0,
+                                   "cap_waits": 6.0}
