@@ -106,7 +106,15 @@ class TenantGate:
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._acquires.append((tenant, holder, fut))
         self._kick()
-        if not await fut:
+        try:
+            granted = await fut
+        except asyncio.CancelledError:
+            # The slot may have been granted meanwhile: give it back (a ZREM of a slot never
+            # taken is harmless).
+            self._releases.setdefault(tenant, []).append(holder)
+            self._kick()
+            raise
+        if not granted:
             _log.debug("tenant at its concurrency cap; job waits", extra={
                 "queue": self.ctx.name, "job_id": raw.id, "tenant": tenant,
                 "tenant_concurrency": self.cap})
@@ -133,30 +141,41 @@ class TenantGate:
         while self._acquires or self._releases:
             acquires, self._acquires = self._acquires, []
             releases, self._releases = self._releases, {}
-            calls = [ops.tenant_slot_release(self.keys, t, hs) for t, hs in releases.items()]
-            calls += [
-                ops.tenant_slot_acquire(self.keys, t, cap=self.cap, lease_ms=self.lease_ms,
-                                        holder=h)
-                for t, h, _ in acquires
-            ]
             try:
-                replies: list[Any] = await run_calls_each(self.ctx.client, calls,
-                                                          queue=self.ctx.name)
-            except Exception as exc:
-                replies = [exc] * len(calls)
-            failed = [r for r in replies[: len(releases)] if isinstance(r, Exception)]
-            if failed:
-                # Their leases expire on their own, one lock duration from their last renewal.
-                _log.debug("could not give tenant slots back", extra={
-                    "queue": self.ctx.name, "error": repr(failed[0])})
-            for (tenant, holder, fut), reply in zip(acquires, replies[len(releases):],
-                                                     strict=True):
-                granted = isinstance(reply, ops.SlotGrant) and reply.granted
-                if isinstance(reply, Exception):
-                    # The request may have landed with its reply lost: give the slot back.
-                    self._releases.setdefault(tenant, []).append(holder)
-                if not fut.done():
-                    fut.set_result(granted)
+                await self._send(acquires, releases)
+            finally:
+                # Whatever happened, no job waits forever for its answer: unanswered is
+                # refused (the job waits and tries again).
+                for _, _, fut in acquires:
+                    if not fut.done():
+                        fut.set_result(False)
+
+    async def _send(self, acquires: list[tuple[str, str, asyncio.Future[bool]]],
+                    releases: dict[str, list[str]]) -> None:
+        calls = [ops.tenant_slot_release(self.keys, t, hs) for t, hs in releases.items()]
+        calls += [
+            ops.tenant_slot_acquire(self.keys, t, cap=self.cap, lease_ms=self.lease_ms,
+                                    holder=h)
+            for t, h, _ in acquires
+        ]
+        try:
+            replies: list[Any] = await run_calls_each(self.ctx.client, calls,
+                                                      queue=self.ctx.name)
+        except Exception as exc:
+            replies = [exc] * len(calls)
+        failed = [r for r in replies[: len(releases)] if isinstance(r, Exception)]
+        if failed:
+            # Their leases expire on their own, one lock duration from their last renewal.
+            _log.debug("could not give tenant slots back", extra={
+                "queue": self.ctx.name, "error": repr(failed[0])})
+        for (tenant, holder, fut), reply in zip(acquires, replies[len(releases):],
+                                                 strict=True):
+            granted = isinstance(reply, ops.SlotGrant) and reply.granted
+            if isinstance(reply, Exception):
+                # The request may have landed with its reply lost: give the slot back.
+                self._releases.setdefault(tenant, []).append(holder)
+            if not fut.done():
+                fut.set_result(granted)
 
     async def run(self) -> None:
         """Renew the leases of the slots held, every lock renewal interval."""
