@@ -335,7 +335,8 @@ class PrometheusHooks(Hooks):
         self._child(self.tenant_routed_total, queue, job_name).inc()
 
     def tenant_cap_waited(self, queue: str, shard: str, job_name: str) -> None:
-        self._child(self.tenant_waits, queue, shard, job_name).inc()
+        # Up to one per job start: tallied like the other per-job figures.
+        self._tally.count(self._child(self.tenant_waits, queue, shard, job_name))
 
     # -- worker ----------------------------------------------------------------------------
     def consumer_started(
