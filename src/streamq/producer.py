@@ -49,7 +49,7 @@ from streamq.errors import (
 from streamq.fingerprint import record_contract, record_contract_sync
 from streamq.hooks import Hooks
 from streamq.keys import DEFAULT_PREFIX, QueueKeys, ShardKeys
-from streamq.tenants import DEFAULT_FLAG_STALENESS_S, FlagView
+from streamq.tenants import DEFAULT_FLAG_STALENESS_S, FlagView, shared_view
 
 __all__ = ["JobRequest", "Queue", "SyncQueue"]
 
@@ -243,11 +243,13 @@ class _Planner:
         self.codecs: dict[object, _Codec] = {}
         # Tenant flags route a flagged tenant's jobs to the secondary lane, unless the caller
         # chose the lane (secondary=True/False) or the contract has nowhere to route.
+        # The view itself is the client's (shared_view), set once the client is checked.
         self.flags: FlagView | None = None
+        self.flags_staleness_s: float | None = None
         if (flags_staleness is not None and use_secondary is None
                 and contract.secondary is not None and contract.tenant_field):
             staleness_ms = to_ms(flags_staleness, "tenant_flags_staleness", minimum=10)
-            self.flags = FlagView(contract, prefix=prefix, staleness_s=staleness_ms / 1000)
+            self.flags_staleness_s = staleness_ms / 1000
 
     def keys(self, lane: Lane) -> QueueKeys:
         return self._keys[lane.name]
@@ -512,6 +514,10 @@ class _BaseQueue(Generic[C, R]):
             )
         self.redis: R = redis
         self._bound_key = _sharding_key
+        staleness = self._planner.flags_staleness_s
+        if staleness is not None:
+            self._planner.flags = shared_view(redis, contract, prefix=prefix,
+                                              staleness_s=staleness)
 
     def _view(self, sharding_key: str) -> Self:
         """A copy bound to ``sharding_key``'s shard, sharing this queue's planner (and so its

@@ -30,6 +30,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ __all__ = [
     "flag_tenant_sync",
     "flagged_tenants",
     "flagged_tenants_sync",
+    "shared_view",
     "unflag_tenant",
     "unflag_tenant_sync",
 ]
@@ -348,6 +350,30 @@ class FlagView:
             self._failed(exc)
             return
         self._apply(read, sent)
+
+
+_VIEWS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], FlagView]] = (
+    weakref.WeakKeyDictionary()
+)
+_VIEWS_LOCK = threading.Lock()
+
+
+def shared_view(client: Any, contract: type[QueueContract], *, prefix: str,
+                staleness_s: float) -> FlagView:
+    """The flag view of ``contract``'s queue for producers on ``client``: one per client,
+    queue, prefix and bound, so that many short-lived producers (a ``Queue`` per request)
+    share one view and its reads instead of each reading the flags on its first add. The
+    view holds no reference to the client; it goes with the client."""
+    key = (contract, prefix, staleness_s)
+    with _VIEWS_LOCK:
+        try:
+            views = _VIEWS.setdefault(client, {})
+        except TypeError:  # a client that cannot be weakly referenced: a view of its own
+            return FlagView(contract, prefix=prefix, staleness_s=staleness_s)
+        view = views.get(key)
+        if view is None:
+            view = views[key] = FlagView(contract, prefix=prefix, staleness_s=staleness_s)
+        return view
 
 
 class TenantControl:

@@ -196,3 +196,18 @@ def test_a_producer_keeps_routing_with_its_last_view_when_the_read_fails(
     queue.add(Tenanted.work, Work(project_id="noisy"))
     assert sync_lane_lengths(sredis, prefix) == (0, 2)
     assert "could not read the flagged tenants" in caplog.text
+
+
+async def test_short_lived_producers_on_one_client_share_one_view_of_the_flags(
+    aredis: aioredis.Redis, prefix: str
+) -> None:
+    await QueueAdmin(aredis, Tenanted, prefix=prefix).flag_tenant("noisy", 60)
+    await Queue(Tenanted, aredis, prefix=prefix).add(Tenanted.work, Work(project_id="a"))
+    before = calls(await aredis.info("commandstats"))
+    for i in range(20):  # a Queue per request, as a web handler may make
+        queue = Queue(Tenanted, aredis, prefix=prefix)
+        await queue.add(Tenanted.work, Work(project_id="noisy", n=i))
+    used = delta(before, calls(await aredis.info("commandstats")))
+    assert used.get("xadd", 0) == 20
+    assert used.get("evalsha", 0) <= 1  # at most one refresh, not a read per new producer
+    assert await lane_lengths(aredis, prefix) == (1, 20)
