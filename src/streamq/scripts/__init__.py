@@ -15,21 +15,27 @@ from importlib import resources
 __all__ = ["SCRIPT_NAMES", "Script", "script"]
 
 SCRIPT_NAMES = (
+    "cancel",
     "complete",
+    "control",
     "dead_retry",
     "drop_consumer",
     "enqueue",
     "fail",
+    "job_status",
     "lease_acquire",
     "lease_fenced_set",
     "lease_release",
     "lease_renew",
     "limiter",
+    "progress",
     "promote",
     "reclaim",
     "release",
     "renew",
     "retry",
+    "settle_tracked",
+    "track_final",
 )
 
 
