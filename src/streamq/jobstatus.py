@@ -34,7 +34,7 @@ from pydantic import BaseModel, ValidationError
 
 from streamq import ops
 from streamq._redis import Call
-from streamq.contracts import JobSpec, QueueContract
+from streamq.contracts import JobSpec, Lane, QueueContract
 from streamq.durations import Duration, to_ms
 from streamq.envelope import validation_fields
 from streamq.errors import (
@@ -269,11 +269,12 @@ class Lookup:
     round trip on one server); with one, only the shard that key maps to in each lane.
     """
 
-    def __init__(self, contract: type[QueueContract], prefix: str, group: str) -> None:
+    def __init__(self, contract: type[QueueContract], prefix: str, group: str,
+                 lanes: Sequence[Lane] | None = None) -> None:
         self.contract = contract
         self.group = group
         self.lanes = [(lane.name, QueueKeys(prefix, lane.name, lane.shards))
-                      for lane in contract.lanes()]
+                      for lane in (lanes or contract.lanes())]
 
     def targets(self, sharding_key: str | None) -> list[tuple[str, ShardKeys]]:
         if sharding_key is None:
