@@ -42,6 +42,7 @@ class Job(Generic[P]):
         "_logger",
         "_lost",
         "_result",
+        "_result_json",
         "attempt",
         "id",
         "max_attempts",
@@ -91,6 +92,7 @@ class Job(Generic[P]):
         # Set by the worker for tracked jobs (streamq.runtime.tracking); None otherwise.
         self._ctl: Any = None
         self._result: Any = None
+        self._result_json: str | None = None
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:

@@ -50,7 +50,9 @@ async def test_waiting_job_is_waiting_with_its_shard_and_attempt(aredis, prefix)
     st = await q.status(job_id)
     assert (st.state, st.job, st.attempt, st.queue) == ("waiting", "tracked", 1, "jc")
     assert st.shard in Ctl.shard_names()
-    assert st.consumer is None and st.progress is None and not st.is_final
+    assert st.consumer is None
+    assert st.progress is None
+    assert not st.is_final
 
 
 async def test_delayed_job_is_delayed_until_its_due_time(aredis, prefix):
@@ -120,7 +122,8 @@ async def test_failed_attempt_is_retrying_with_next_time_and_last_error(managers
     st = await q.status(job_id)
     assert st.attempt == 2
     assert st.last_error == "ValueError: upstream said 503"
-    assert st.due_ms is not None and st.due_ms > await server_ms(aredis) + 200_000
+    assert st.due_ms is not None
+    assert st.due_ms > await server_ms(aredis) + 200_000
 
 
 async def _final(q: Queue[Any], job_id: str) -> JobStatus:
@@ -195,7 +198,7 @@ async def test_poison_payload_of_a_tracked_job_is_dead_invalid_payload(managers,
     await aredis.xdel(sk.stream, eid)
     fields[b"payload"] = b'{"n": "not a number"}'
     new_id = await aredis.xadd(sk.stream, fields)
-    await aredis.hset(sk.tracked, job_id, '{"e":"%s","k":60000}' % new_id.decode())
+    await aredis.hset(sk.tracked, job_id, f'{{"e":"{new_id.decode()}","k":60000}}')
     m = managers(app, hooks=hooks)
     await m.start()
     st = await _final(q, job_id)

@@ -298,12 +298,12 @@ class JobRunner:
         """The settle for a run that ended with ``error`` (None: it completed), and the
         outcome it reports when Redis applies it."""
         if is_tracked(raw.fields):
-            job = self.running.get((shard.index, raw.entry_id))
-            error, result = self.tracker.result_or_error(raw.name, raw.id, job, error)
             if error is None:
-                return self.tracker.complete_op(shard, raw.entry_id, raw.fields,
-                                                job_name=raw.name, attempt=raw.attempt,
-                                                result_json=result), "completed"
+                job = self.running.get((shard.index, raw.entry_id))
+                return self.tracker.complete_op(
+                    shard, raw.entry_id, raw.fields, job_name=raw.name, attempt=raw.attempt,
+                    result_json=job._result_json if job is not None else None,
+                ), "completed"
             if isinstance(error, JobCancelled):
                 return self.tracker.cancel_op(shard, raw.entry_id, raw.fields,
                                               job_name=raw.name, attempt=raw.attempt), "cancelled"
@@ -361,6 +361,8 @@ class JobRunner:
                 finally:
                     if tracked:
                         self.tracker.stop(shard, raw.entry_id)
+                if tracked and error is None:
+                    error = self.tracker.encode_result(raw.name, job)  # an invalid result
                 op, intent = self.decide(shard, raw, error)
             except asyncio.CancelledError:
                 # Shutdown ran out of time: hand the job back so another worker takes it now.

@@ -224,18 +224,18 @@ class Tracker:
         return bool((await run_calls(self.ctx.client, [call], queue=self.ctx.name))[0])
 
     # -- settles --------------------------------------------------------------------------------
-    def result_or_error(self, raw_name: str, job_id: str, job: Job[Any] | None,
-                        error: BaseException | None) -> tuple[BaseException | None, str | None]:
-        """A completed run's result as JSON, or the error it becomes (an invalid result)."""
-        if error is not None or job is None:
-            return error, None
-        spec = self.ctx.contract.jobs.get(raw_name)
+    def encode_result(self, job_name: str, job: Job[Any]) -> InvalidResult | None:
+        """Validate and encode a completed run's return value into ``job._result_json``;
+        the error the run becomes instead when the value does not fit."""
+        spec = self.ctx.contract.jobs.get(job_name)
         if spec is None:
-            return None, None
+            return None
         try:
-            return None, encode_result(spec, job._result, queue=self.ctx.name, job_id=job_id)
+            job._result_json = encode_result(spec, job._result, queue=self.ctx.name,
+                                             job_id=job.id)
         except InvalidResult as exc:
-            return exc, None
+            return exc
+        return None
 
     def _op(self, kind: Any, shard: ShardKeys, entry_id: str, entry: dict[bytes, bytes],
             **kw: Any) -> SettleOp:
