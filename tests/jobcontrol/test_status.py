@@ -270,3 +270,72 @@ async def test_a_bad_job_id_is_refused_before_anything_is_sent(aredis, prefix):
 
     with pytest.raises(ConfigurationError, match="job_id"):
         await Queue(Ctl, aredis, prefix=prefix).status("")
+
+
+async def test_a_tracked_job_released_at_shutdown_is_waiting_again(managers, aredis, prefix):
+    app = App([Ctl])
+    started = asyncio.Event()
+
+    @app.processor(Ctl, shutdown_timeout=0.2, **FAST)
+    async def proc(job: Job[Any]) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    q = Queue(Ctl, aredis, prefix=prefix)
+    job_id = await q.add(Ctl.tracked, Item(n=1))
+    m = managers(app)
+    await m.start()
+    await asyncio.wait_for(started.wait(), 10)
+    await m.close_workers(timeout_s=0.2)
+
+    st = await q.status(job_id)
+    assert (st.state, st.consumer, st.since_ms, st.attempt) == ("waiting", None, None, 1)
+
+
+async def test_sync_processor_reports_progress_from_its_thread(managers, aredis, prefix):
+    import threading
+
+    app = App([Ctl])
+    reported = threading.Event()
+    release = threading.Event()
+
+    @app.processor(Ctl, **FAST)
+    def proc(job: Job[Any]) -> None:
+        assert job.report_progress_sync(0.5, "half")
+        reported.set()
+        release.wait(10)
+
+    q = Queue(Ctl, aredis, prefix=prefix)
+    job_id = await q.add(Ctl.tracked, Item(n=1))
+    m = managers(app)
+    await m.start()
+    try:
+        assert await asyncio.to_thread(reported.wait, 10)
+        st = await q.status(job_id)
+        assert (st.state, st.progress, st.progress_detail) == ("active", 0.5, "half")
+    finally:
+        release.set()
+
+
+async def test_progress_out_of_range_is_refused_naming_the_field(managers, aredis, prefix):
+    from streamq import ConfigurationError
+
+    app = App([Ctl])
+    errors: list[BaseException] = []
+
+    @app.processor(Ctl, **FAST)
+    async def proc(job: Job[Any]) -> None:
+        try:
+            await job.report_progress(1.5)
+        except ConfigurationError as exc:
+            errors.append(exc)
+        assert not await Job(id="x", name="n", queue="q", shard="q", payload=job.payload,
+                             attempt=1, max_attempts=1, timestamp=0).report_progress(0.1)
+
+    q = Queue(Ctl, aredis, prefix=prefix)
+    await q.add(Ctl.tracked, Item(n=1), job_id="p-1")
+    m = managers(app)
+    await m.start()
+    await wait_until(lambda: len(errors) == 1, what="the refusal")
+    assert "'fraction'" in str(errors[0])
+    assert (errors[0].queue, errors[0].job_id) == ("jc", "p-1")

@@ -353,9 +353,11 @@ class JobRunner:
                                                       pool=self.pool)
                     error = job.failure
                 except asyncio.CancelledError:
-                    if not tracked:
+                    # A cancel request's own cancellation ends the run; any other (shutdown)
+                    # goes on to release the job.
+                    error = self.tracker.absorb_cancel(job) if tracked else None
+                    if error is None:
                         raise
-                    error = self.tracker.absorb_cancel(job)  # re-raises a shutdown's
                 except Exception as exc:
                     error = exc
                 finally:

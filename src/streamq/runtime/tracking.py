@@ -88,7 +88,7 @@ def call_parse(reply: Any) -> tuple[ops.SettleStatus, str]:
 class _Handle:
     """What a tracked job's :class:`Job` reaches: its cancel flag and progress reports."""
 
-    __slots__ = ("cancel_requested", "entry_id", "loop", "shard", "tracker")
+    __slots__ = ("cancel_requested", "cancelled_task", "entry_id", "loop", "shard", "tracker")
 
     def __init__(self, tracker: Tracker, shard: ShardKeys, entry_id: str,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -97,6 +97,7 @@ class _Handle:
         self.entry_id = entry_id
         self.loop = loop
         self.cancel_requested = False
+        self.cancelled_task = False
 
     async def progress(self, job: Job[Any], fraction: float, detail: Any) -> bool:
         return await self.tracker.progress(self, job, fraction, detail)
@@ -153,14 +154,15 @@ class Tracker:
         with self._lock:
             self._runs.pop((shard.index, entry_id), None)
 
-    def absorb_cancel(self, job: Job[Any]) -> JobCancelled:
-        """The error to settle with when the job's task was cancelled: a cancel request's
-        cancellation becomes :class:`JobCancelled`; any other (shutdown) is re-raised."""
+    def absorb_cancel(self, job: Job[Any]) -> JobCancelled | None:
+        """The error to settle with when the job's task was cancelled by a cancel request
+        alone (:class:`JobCancelled`); None for any other cancellation (a shutdown's, also
+        when it comes on top of ours), which the caller re-raises."""
         handle = job._ctl
         task = asyncio.current_task()
-        if (not isinstance(handle, _Handle) or not handle.cancel_requested or task is None
+        if (not isinstance(handle, _Handle) or not handle.cancelled_task or task is None
                 or task.cancelling() != 1):
-            raise asyncio.CancelledError
+            return None
         task.uncancel()
         return JobCancelled(
             f"queue {job.queue!r} job {job.name!r} id {job.id!r} was cancelled while running",
@@ -180,6 +182,7 @@ class Tracker:
                              "cancel": "task" if run.task else "flag"})
             if run.task is not None and not run.cancelling:
                 run.cancelling = True
+                run.handle.cancelled_task = True
                 run.task.cancel()
 
     # -- the renewal thread ---------------------------------------------------------------------

@@ -61,8 +61,10 @@ while a <= #ARGV do
       where = {e = redis.call('XADD', stream, '*', unpack(fields))}
     end
     if ctl then
+      -- pcall: refused under maxmemory after the job was written, the job must still count
+      -- as added (a caller would add it again); it is then tracked from its first settle.
       where.k = tonumber(cjson.decode(ctl).keep) or 0
-      redis.call('HSET', tracked, fields[4], cjson.encode(where))
+      pcall(redis.call, 'HSET', tracked, fields[4], cjson.encode(where))
     end
     out[#out + 1] = 1
   else

@@ -28,7 +28,9 @@ for i = 1, #due, 2 do
       local rec = cur and cjson.decode(cur)
       if rec and rec.m == member then
         rec.m, rec.e = nil, new_id
-        redis.call('HSET', tracked, fields[4], cjson.encode(rec))
+        -- pcall: a refusal (maxmemory) must not stop the move half-way (the job would be
+        -- promoted again); the record then names the old member until the job settles.
+        pcall(redis.call, 'HSET', tracked, fields[4], cjson.encode(rec))
       end
     end
     redis.call('HDEL', jobs, member)

@@ -48,7 +48,9 @@ for i = 4, #ARGV do
         local cur = redis.call('HGET', tracked, fields[4])
         local rec = cur and cjson.decode(cur)
         if rec and rec.e == id then
-          redis.call('HSET', tracked, fields[4], cjson.encode({e = new_id, k = rec.k, x = rec.x}))
+          -- pcall: the re-adds and acks must go through whatever happens to the record.
+          pcall(redis.call, 'HSET', tracked, fields[4],
+            cjson.encode({e = new_id, k = rec.k, x = rec.x}))
         end
       end
     else

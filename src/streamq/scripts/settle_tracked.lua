@@ -53,7 +53,8 @@ if s == APPLIED then
     if ours then
       local k = tonumber(ARGV[7])
       if rec then k = rec.k end
-      redis.call('HSET', tracked, jid, cjson.encode({m = ARGV[9], k = k}))
+      -- pcall: after the ZADD a refusal must not leave the job both delayed and pending.
+      pcall(redis.call, 'HSET', tracked, jid, cjson.encode({m = ARGV[9], k = k}))
     end
     outcome = 'r'
   elseif action == 'fail' then
