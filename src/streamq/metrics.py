@@ -364,7 +364,7 @@ class PrometheusHooks(Hooks):
             tally.count(self._child(self.completed, job.queue, job.shard, job.job_name))
             return
         if outcome == "cancelled":
-            self._child(self.cancelled, job.queue, job.shard, job.job_name).inc()
+            tally.count(self._child(self.cancelled, job.queue, job.shard, job.job_name))
             return
         if outcome in _FAILED_OUTCOMES:
             tally.count(self._child(self.failed, job.queue, job.shard, job.job_name,

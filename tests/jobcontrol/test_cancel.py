@@ -135,7 +135,7 @@ async def test_cancel_of_a_running_sync_job_sets_cancel_requested(managers, ared
 
     hooks = RecordingHooks()
     q = Queue(Ctl, aredis, prefix=prefix)
-    job_id = await q.add(Ctl.tracked, Item(n=1), keep_result=60_000)
+    job_id = await q.add(Ctl.tracked, Item(n=1), keep_result=60)
     m = managers(app, hooks=hooks)
     await m.start()
     await asyncio.to_thread(started.wait, 10)
@@ -239,7 +239,7 @@ async def test_cancelled_running_job_is_not_retried_even_when_it_fails(
             raise ValueError("cleanup failed")
 
     q = Queue(Ctl, aredis, prefix=prefix)
-    job_id = await q.add(Ctl.tracked, Item(n=1), keep_result=60_000)
+    job_id = await q.add(Ctl.tracked, Item(n=1), keep_result=60)
     m = managers(app)
     await m.start()
     await asyncio.wait_for(started.wait(), 10)

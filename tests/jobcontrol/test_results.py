@@ -117,7 +117,7 @@ async def test_result_of_a_dead_job_raises_with_its_reason(managers, aredis, pre
 
 async def test_result_of_a_cancelled_job_raises_job_cancelled(aredis, prefix):
     q = Queue(Ctl, aredis, prefix=prefix)
-    job_id = await q.add(Ctl.summed, Item(n=1), delay=60_000)
+    job_id = await q.add(Ctl.summed, Item(n=1), delay=60)
     waiter = asyncio.ensure_future(q.result(job_id, timeout=30))
     await asyncio.sleep(0.2)
     await q.cancel(job_id)
@@ -196,7 +196,7 @@ async def test_a_result_that_is_not_json_fails_with_a_clear_error(managers, ared
         return object()
 
     q = Queue(Ctl, aredis, prefix=prefix)
-    job_id = await q.add(Ctl.plain, Item(n=1), keep_result=60_000)
+    job_id = await q.add(Ctl.plain, Item(n=1), keep_result=60)
     m = managers(app)
     await m.start()
     with pytest.raises(JobFailed, match="not JSON"):

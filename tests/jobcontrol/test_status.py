@@ -260,7 +260,7 @@ async def test_for_key_view_finds_a_job_added_with_that_key_on_one_shard(aredis,
 
 def test_sync_queue_status_reads_the_same_records(sredis, prefix):
     q = SyncQueue(Ctl, sredis, prefix=prefix)
-    job_id = q.add(Ctl.tracked, Item(n=1), delay=60_000)
+    job_id = q.add(Ctl.tracked, Item(n=1), delay=60)
     assert q.status(job_id).state == "delayed"
     assert q.status("no-such-job").state == "unknown"
 
