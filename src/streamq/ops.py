@@ -27,9 +27,11 @@ __all__ = [
     "ReclaimPage",
     "ReclaimedEntry",
     "SettleStatus",
+    "TrackedDone",
     "TrackedFinal",
     "cancel",
     "complete",
+    "complete_tracked",
     "control",
     "dead_retry",
     "delayed_member",
@@ -478,6 +480,37 @@ def settle_tracked(
          max(0, delay_ms), dead_cap, *fields],
         _tracked_settle,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class TrackedDone:
+    """One tracked job for :func:`complete_tracked`."""
+
+    entry_id: str
+    job_id: str
+    cancel: bool
+    keep_ms: int
+    record: str
+
+
+def _tracked_done(reply: Any) -> tuple[list[SettleStatus], str]:
+    return [SettleStatus(int(x)) for x in reply[0] or []], _str(reply[1])
+
+
+def complete_tracked(
+    shard: ShardKeys, group: str, consumer: str, jobs: Sequence[TrackedDone], *, token: str
+) -> Call:
+    """Complete (or cancel) many tracked jobs of one shard, fenced; each final record (JSON
+    ``record``) kept ``keep_ms``. Reply: ``(statuses, outcomes)``, one status per job and one
+    character per job (``c`` completed, ``x`` cancelled, ``-`` not applied); a re-send with the
+    same ``token`` answers the same."""
+    keys = [shard.stream, shard.starts, shard.settled(token), shard.tracked]
+    args: list[Any] = [group, consumer, SETTLE_MEMO_MS]
+    for j in jobs:
+        keys.append(shard.result(j.job_id))
+        args.extend((j.entry_id, j.job_id, "cancel" if j.cancel else "complete", j.keep_ms,
+                     j.record))
+    return Call(script("complete_tracked"), keys, args, _tracked_done)
 
 
 def job_status(shard: ShardKeys, group: str, job_id: str) -> Call:

@@ -187,3 +187,29 @@ async def test_reclaim_of_a_stalled_tracked_job_removes_its_record_and_names_it(
         job_name="work", attempt=1, reason="stalled", error="job stalled", state="dead")))
     st = await status(aredis, sk, "a")
     assert (st.state, st.reason) == ("dead", "stalled")
+
+
+async def test_complete_tracked_settles_many_jobs_in_one_call_fenced_and_resendable(
+    aredis, prefix
+):
+    sk = shard(prefix)
+    await make_group(aredis, sk)
+    await run1(aredis, ops.enqueue(sk, [tracked("a"), tracked("b"), tracked("c")],
+                                   dedup_window_ms=1000))
+    a, b, c = await read(aredis, sk, "w1")
+    await aredis.xclaim(sk.stream, GROUP, "w2", 0, [c.id], justid=True)  # c was reclaimed
+    rec = final_record(job_name="work", attempt=1, result_json="7")
+    call = ops.complete_tracked(sk, GROUP, "w1", [
+        ops.TrackedDone(a.id, "a", False, 60_000, rec),
+        ops.TrackedDone(b.id, "b", True, 0, rec),
+        ops.TrackedDone(c.id, "c", False, 60_000, rec),
+    ], token=token())
+
+    applied, other = SettleStatus.APPLIED, SettleStatus.OTHER_OWNER
+    assert await run1(aredis, call) == ([applied, applied, other], "cx-")
+    assert (await status(aredis, sk, "a")).result_json == "7"
+    assert (await status(aredis, sk, "b")).state == "unknown"  # cancelled, keep 0: no record
+    assert (await status(aredis, sk, "c")).state == "active"
+    assert sorted(json.loads(await aredis.hget(sk.tracked, "c"))) == ["e", "k"]
+    assert await aredis.hlen(sk.tracked) == 1
+    assert await run1(aredis, call) == ([applied, applied, other], "cx-")

@@ -3,10 +3,11 @@ location and final records in step, cancel requests, progress.
 
 Untracked jobs never reach this module's Redis calls. For tracked ones:
 
-* every settle is one ``settle_tracked`` call (in the settler's pipelined flush, like any
-  retry or dead letter: no extra round trip), which also removes the location record, writes
-  the final record (with the validated result) and turns a retry or dead letter of a job
-  whose cancellation was requested into ``cancelled``;
+* completions (and cancels) of one shard share one ``complete_tracked`` call per flush, as
+  untracked completions share ``complete``; a retry or dead letter is one ``settle_tracked``
+  call, which also turns it into ``cancelled`` when a cancellation was requested. Both remove
+  the location record and write the final record (with the validated result) in the same
+  script as the ack, in the settler's pipelined flush: no extra round trip;
 * the running tracked jobs ride with each lock renewal (:class:`Tracker.riders`, one
   ``control`` call per shard with tracked jobs): it records who runs them and since when,
   and answers which have a cancel request. An async processor is then cancelled
@@ -136,6 +137,8 @@ class Tracker:
         self._runs: dict[tuple[int, str], _Run] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.cancelled_runs = 0
+        # One object, so the settler groups every completion of a shard into one call.
+        self._batch: Callable[[list[SettleOp], str], Call] = self._complete_many
 
     # -- running jobs (event loop) --------------------------------------------------------------
     def start(self, shard: ShardKeys, entry_id: str, job: Job[Any], *,
@@ -252,12 +255,39 @@ class Tracker:
     def complete_op(self, shard: ShardKeys, entry_id: str, fields: dict[bytes, bytes], *,
                     job_name: str, attempt: int, result_json: str | None) -> SettleOp:
         record = final_record(job_name=job_name, attempt=attempt, result_json=result_json)
-        return self._op("complete", shard, entry_id, fields, action="complete", record=record)
+        op = self._op("complete", shard, entry_id, fields, action="complete", record=record)
+        op.batch = self._batch
+        return op
 
     def cancel_op(self, shard: ShardKeys, entry_id: str, fields: dict[bytes, bytes], *,
                   job_name: str, attempt: int) -> SettleOp:
         record = final_record(job_name=job_name, attempt=attempt, reason="cancelled")
-        return self._op("complete", shard, entry_id, fields, action="cancel", record=record)
+        op = self._op("complete", shard, entry_id, fields, action="cancel", record=record)
+        op.batch = self._batch
+        return op
+
+    def _complete_many(self, group: list[SettleOp], token: str) -> Call:
+        """One ``complete_tracked`` call for the completions (and cancels) of one shard;
+        its parse hands each op's outcome to the op's :class:`TrackedSettle`."""
+        holders = [op.build for op in group]
+        jobs = []
+        for h in holders:
+            assert isinstance(h, TrackedSettle)
+            kw = h.kw
+            jobs.append(ops.TrackedDone(kw["entry_id"], kw["job_id"], kw["action"] == "cancel",
+                                        kw["keep_ms"], kw["record"]))
+        call = ops.complete_tracked(group[0].shard, self.ctx.group, self.ctx.consumer, jobs,
+                                    token=token)
+        base = call.parse
+
+        def parse(reply: Any) -> list[ops.SettleStatus]:
+            statuses, outcomes = base(reply)
+            for h, o in zip(holders, outcomes, strict=True):
+                if isinstance(h, TrackedSettle):
+                    h.outcome = "" if o == "-" else o
+            return list(statuses)
+
+        return dataclasses.replace(call, parse=parse)
 
     def retry_op(self, shard: ShardKeys, entry_id: str, fields: dict[bytes, bytes], *,
                  member: str, delay_ms: int, flat: list[str | bytes]) -> SettleOp:

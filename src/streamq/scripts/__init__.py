@@ -17,6 +17,7 @@ __all__ = ["SCRIPT_NAMES", "Script", "script"]
 SCRIPT_NAMES = (
     "cancel",
     "complete",
+    "complete_tracked",
     "control",
     "dead_retry",
     "drop_consumer",
