@@ -535,23 +535,24 @@ def cancel(shard: ShardKeys, group: str, job_id: str) -> Call:
     )
 
 
-def progress(shard: ShardKeys, *, job_id: str, entry_id: str, fraction: float,
-             detail: str) -> Call:
-    """Record a running tracked job's progress (fenced on its entry). Reply: True recorded."""
+def progress(shard: ShardKeys, group: str, consumer: str, *, job_id: str, entry_id: str,
+             fraction: float, detail: str) -> Call:
+    """Record a running tracked job's progress (fenced on its entry and owner). Reply: True
+    recorded."""
     return Call(
-        script("progress"), [shard.tracked], [job_id, entry_id, repr(float(fraction)), detail],
-        bool,
+        script("progress"), [shard.tracked, shard.stream],
+        [job_id, entry_id, repr(float(fraction)), detail, group, consumer], bool,
     )
 
 
-def control(shard: ShardKeys, consumer: str,
+def control(shard: ShardKeys, group: str, consumer: str,
             running: Sequence[tuple[str, str, int]]) -> Call:
-    """Mark this consumer's running tracked jobs ``(job id, entry id, start ms)`` as its own;
-    reply: the job ids whose cancellation was requested."""
-    args: list[Any] = [consumer]
+    """Mark this consumer's running tracked jobs ``(job id, entry id, start ms)`` as its own
+    (those still pending for it); reply: the job ids whose cancellation was requested."""
+    args: list[Any] = [consumer, group]
     for job_id, entry_id, start_ms in running:
         args.extend((job_id, entry_id, start_ms))
-    return Call(script("control"), [shard.tracked], args, _str_list)
+    return Call(script("control"), [shard.tracked, shard.stream], args, _str_list)
 
 
 def track_final(shard: ShardKeys, job_id: str, *, keep_ms: int, record: str) -> Call:

@@ -83,7 +83,7 @@ async def test_release_points_the_record_at_the_re_added_entry_as_waiting(aredis
     await make_group(aredis, sk)
     await run1(aredis, ops.enqueue(sk, [tracked("a")], dedup_window_ms=1000))
     (e,) = await read(aredis, sk, "w1")
-    await run1(aredis, ops.control(sk, "w1", [("a", e.id, 123)]))
+    await run1(aredis, ops.control(sk, GROUP, "w1", [("a", e.id, 123)]))
     assert (await status(aredis, sk, "a")).since_ms == 123
 
     assert await run1(aredis, ops.release(sk, GROUP, "w1", [e.id], token=token())) == [
@@ -127,7 +127,9 @@ async def test_a_cancel_request_turns_a_retry_into_a_cancel(aredis, prefix):
     await run1(aredis, ops.enqueue(sk, [tracked("a")], dedup_window_ms=1000))
     (e,) = await read(aredis, sk, "w1")
     assert await run1(aredis, ops.cancel(sk, GROUP, "a")) == ("requested", "w1")
-    assert await run1(aredis, ops.control(sk, "w1", [("a", e.id, 1)])) == ["a"]
+    assert await run1(aredis, ops.control(sk, GROUP, "w1", [("a", e.id, 1)])) == ["a"]
+    # A worker that does not hold the entry hears nothing and records nothing.
+    assert await run1(aredis, ops.control(sk, GROUP, "w9", [("a", e.id, 2)])) == []
 
     reply = await run1(aredis, ops.settle_tracked(
         sk, GROUP, "w1", entry_id=e.id, job_id="a", action="retry", keep_ms=60_000,
@@ -163,10 +165,13 @@ async def test_progress_is_fenced_on_the_entry(aredis, prefix):
     await make_group(aredis, sk)
     await run1(aredis, ops.enqueue(sk, [tracked("a")], dedup_window_ms=1000))
     (e,) = await read(aredis, sk, "w1")
-    assert await run1(aredis, ops.progress(sk, job_id="a", entry_id=e.id, fraction=0.5,
-                                           detail='"half"'))
-    assert not await run1(aredis, ops.progress(sk, job_id="a", entry_id="1-1", fraction=0.9,
-                                               detail=""))
+    assert await run1(aredis, ops.progress(sk, GROUP, "w1", job_id="a", entry_id=e.id,
+                                           fraction=0.5, detail='"half"'))
+    assert not await run1(aredis, ops.progress(sk, GROUP, "w1", job_id="a", entry_id="1-1",
+                                               fraction=0.9, detail=""))
+    # The worker that lost the entry to a reclaim records nothing.
+    assert not await run1(aredis, ops.progress(sk, GROUP, "w2", job_id="a", entry_id=e.id,
+                                               fraction=0.9, detail=""))
     st = await status(aredis, sk, "a")
     assert (st.state, st.consumer, st.progress, st.progress_detail) == (
         "active", "w1", 0.5, "half"

@@ -204,7 +204,8 @@ class Tracker:
             def done(reply: Any, index: int = index) -> None:
                 if reply and loop is not None and not loop.is_closed():
                     loop.call_soon_threadsafe(self._requested, index, list(reply))
-            out.append((ops.control(self.ctx.shards[index], self.ctx.consumer, running), done))
+            call = ops.control(self.ctx.shards[index], self.ctx.group, self.ctx.consumer, running)
+            out.append((call, done))
         return out
 
     # -- progress -------------------------------------------------------------------------------
@@ -225,8 +226,9 @@ class Tracker:
                 f"queue {job.queue!r} job {job.name!r} id {job.id!r}: field 'detail' is not "
                 f"JSON: {exc}", queue=job.queue, job=job.name, job_id=job.id,
             ) from exc
-        call = ops.progress(handle.shard, job_id=job.id, entry_id=handle.entry_id,
-                            fraction=float(fraction), detail=text[:4000])
+        call = ops.progress(handle.shard, self.ctx.group, self.ctx.consumer, job_id=job.id,
+                            entry_id=handle.entry_id, fraction=float(fraction),
+                            detail=text[:4000])
         return bool((await run_calls(self.ctx.client, [call], queue=self.ctx.name))[0])
 
     # -- settles --------------------------------------------------------------------------------
