@@ -339,3 +339,19 @@ async def test_progress_out_of_range_is_refused_naming_the_field(managers, aredi
     await wait_until(lambda: len(errors) == 1, what="the refusal")
     assert "'fraction'" in str(errors[0])
     assert (errors[0].queue, errors[0].job_id) == ("jc", "p-1")
+
+
+async def test_add_bulk_tracks_the_requests_that_ask_and_only_those(aredis, prefix):
+    from streamq import JobRequest
+
+    q = Queue(Ctl, aredis, prefix=prefix)
+    ids = await q.add_bulk([
+        JobRequest(Ctl.plain, Item(n=1), track=True),
+        JobRequest(Ctl.plain, Item(n=2)),
+        JobRequest(Ctl.plain, Item(n=3), keep_result=timedelta(seconds=30)),
+        JobRequest(Ctl.tracked, Item(n=4), track=False),
+    ])
+    states = [(await q.status(i)) for i in ids]
+    assert [s.state for s in states] == ["waiting", "unknown", "waiting", "unknown"]
+    assert [s.keep_ms for s in states[::2]] == [0, 30_000]
+    assert sum([await aredis.hlen(sk.tracked) for sk in qkeys(prefix).shards]) == 2
