@@ -427,3 +427,36 @@ def test_cli_reports_a_bad_target_or_file_with_exit_2(tmp_path: Path) -> None:
     missing = run_cli(tmp_path, "check", "nope.json", "nope.json")
     assert missing.returncode == 2
     assert "error:" in missing.stderr
+
+
+class Summary(BaseModel):
+    total: int
+    note: str | None = None
+
+
+def result_contract(result: type[BaseModel] | None, **job_kw: Any) -> type[QueueContract]:
+    attrs: dict[str, Any] = {"ingest": job("ingest-event", Event, result=result, **job_kw)}
+    return type("Cres", (QueueContract,), attrs, name="ingestion", tenant_field="project_id")
+
+
+def test_snapshot_names_the_result_model_only_when_one_is_declared() -> None:
+    plain = snapshot(contract())["queues"]["ingestion"]["jobs"]["ingest-event"]
+    assert "result" not in plain
+    assert "tracking" not in plain
+    snap = snapshot(result_contract(Summary))["queues"]["ingestion"]["jobs"]["ingest-event"]
+    assert snap["result"]["model"].endswith("Summary")
+    assert snap["result"]["schema"]["required"] == ["total"]
+    assert snap["tracking"] == {"keep_result_ms": 3_600_000}
+
+
+def test_removed_result_field_is_breaking_and_a_new_result_model_is_additive() -> None:
+    slim = create_model("Summary", note=(str | None, None))
+    assert kinds(changes(result_contract(Summary), result_contract(slim))) == {
+        ("total", "result_field_removed", True)
+    }
+    assert kinds(changes(contract(), result_contract(Summary))) == {
+        (None, "result_added", False), (None, "tracking_changed", False)
+    }
+    assert (None, "result_removed", True) in kinds(
+        changes(result_contract(Summary), result_contract(None, keep_result=60))
+    )

@@ -21,7 +21,7 @@ def _tag(key: str) -> str:
 
 
 def _shard_keys(sk: ShardKeys, job_ids=("j1", "x" * 200, "a:b", "{weird}", "ü")) -> list[str]:
-    return [*sk.all_static(), *(sk.dedup(j) for j in job_ids), sk.settled("tok")]
+    return [*sk.all_static(), *(sk.dedup(j) for j in job_ids), sk.settled("tok"), sk.result("j")]
 
 
 @pytest.mark.parametrize("prefix", ["streamq", "app:prod", "t"])
@@ -45,7 +45,7 @@ def test_shard_keys_cover_the_documented_layout():
     assert sk.dedup("abc") == "p:{ingest:2}:dedup:abc"
     assert sk.starts == "p:{ingest:2}:starts"
     assert sk.settled("t1") == "p:{ingest:2}:settled:t1"
-    assert len(set(sk.all_static())) == 5
+    assert len(set(sk.all_static())) == 6
 
 
 def test_queue_wide_keys_share_the_queue_tag():

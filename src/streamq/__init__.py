@@ -13,7 +13,12 @@ from streamq.errors import (
     ForeignConsumerGroup,
     IncompatibleContract,
     InvalidPayload,
+    InvalidResult,
+    JobCancelled,
     JobControl,
+    JobFailed,
+    JobNotFound,
+    JobOutcomeError,
     JobTimeout,
     LeadershipLost,
     PayloadError,
@@ -24,6 +29,7 @@ from streamq.errors import (
     RedisRefused,
     RedisUnavailable,
     RegistrationError,
+    ResultTimeout,
     Retry,
     StartupHookFailed,
     StreamqError,
@@ -32,6 +38,7 @@ from streamq.errors import (
 )
 from streamq.hooks import CompositeHooks, Hooks, JobInfo
 from streamq.job import Job
+from streamq.jobstatus import CancelResult, JobStatus
 from streamq.options import Batch, Limiter, ProcessorOptions, WorkerOptions
 from streamq.producer import JobRequest, Queue, SyncQueue
 from streamq.runners import RunnerConfig, RunnerContext
@@ -52,6 +59,7 @@ __all__ = [
     "App",
     "Backoff",
     "Batch",
+    "CancelResult",
     "Change",
     "CompositeHooks",
     "ConfigurationError",
@@ -65,12 +73,18 @@ __all__ = [
     "Hooks",
     "IncompatibleContract",
     "InvalidPayload",
+    "InvalidResult",
     "Job",
+    "JobCancelled",
     "JobControl",
     "JobDefaults",
+    "JobFailed",
     "JobInfo",
+    "JobNotFound",
+    "JobOutcomeError",
     "JobRequest",
     "JobSpec",
+    "JobStatus",
     "JobTimeout",
     "Lane",
     "LeadershipLost",
@@ -88,6 +102,7 @@ __all__ = [
     "RedisRefused",
     "RedisUnavailable",
     "RegistrationError",
+    "ResultTimeout",
     "Retry",
     "RunnerConfig",
     "RunnerContext",

@@ -1,4 +1,4 @@
-"""Queue administration: depth per shard, pause and resume, consumers.
+"""Queue administration: depth per shard, pause and resume, consumers, job status and cancel.
 
 :class:`QueueAdmin` (asyncio) and :class:`SyncQueueAdmin` share their steps with
 :mod:`streamq.deadletters`: each operation is written once and driven by either client.
@@ -40,11 +40,13 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from streamq._redis import run_calls, run_calls_sync
 from streamq.contracts import Lane, QueueContract
 from streamq.deadletters import resolve_lane
 from streamq.driver import Cmds, Steps, cmd, drive, drive_sync, is_cluster, text
 from streamq.durations import Duration
-from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX, QueueKeys
+from streamq.jobstatus import CancelResult, JobStatus, Lookup
+from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX, QueueKeys, ShardKeys
 from streamq.tenants import (
     TenantFlag,
     flag_tenant,
@@ -249,6 +251,10 @@ class _AdminCore:
         self.keys = QueueKeys(prefix, self.lane.name, self.lane.shards)
         self.group = group
         self.prefix = prefix
+        self.lookup = Lookup(self.lane.contract, prefix, group, lanes=[self.lane])
+
+    def _targets(self, sharding_key: str | None) -> list[tuple[str, ShardKeys]]:
+        return self.lookup.targets(sharding_key)
 
     def depth_steps(self) -> Steps[QueueDepth]:
         return depth_steps(self.client, self.keys, self.group)
@@ -366,6 +372,21 @@ class QueueAdmin(_AdminCore):
         """The queue's tenants flagged now, soonest expiry first."""
         return await flagged_tenants(self.client, self.lane.contract, prefix=self.prefix)
 
+    async def status(self, job_id: str, *, sharding_key: str | None = None) -> JobStatus:
+        """A tracked job's status on this lane (see :meth:`streamq.Queue.status`): every
+        shard is asked in one pipelined round trip, or only ``sharding_key``'s shard."""
+        targets = self._targets(sharding_key)
+        calls = self.lookup.status_calls(job_id, targets)
+        replies = await run_calls(self.client, calls, queue=self.lane.name)
+        return self.lookup.pick(job_id, targets, replies)[0]
+
+    async def cancel(self, job_id: str, *, sharding_key: str | None = None) -> CancelResult:
+        """Cancel a tracked job of this lane (see :meth:`streamq.Queue.cancel`)."""
+        targets = self._targets(sharding_key)
+        calls = self.lookup.cancel_calls(job_id, targets)
+        replies = await run_calls(self.client, calls, queue=self.lane.name)
+        return self.lookup.cancel_result(job_id, targets, replies)
+
 
 class SyncQueueAdmin(_AdminCore):
     """The synchronous twin of :class:`QueueAdmin` (a ``redis.Redis`` client)."""
@@ -414,3 +435,17 @@ class SyncQueueAdmin(_AdminCore):
     def flagged_tenants(self) -> list[TenantFlag]:
         """See :meth:`QueueAdmin.flagged_tenants`."""
         return flagged_tenants_sync(self.client, self.lane.contract, prefix=self.prefix)
+
+    def status(self, job_id: str, *, sharding_key: str | None = None) -> JobStatus:
+        """See :meth:`QueueAdmin.status`."""
+        targets = self._targets(sharding_key)
+        calls = self.lookup.status_calls(job_id, targets)
+        replies = run_calls_sync(self.client, calls, queue=self.lane.name)
+        return self.lookup.pick(job_id, targets, replies)[0]
+
+    def cancel(self, job_id: str, *, sharding_key: str | None = None) -> CancelResult:
+        """See :meth:`QueueAdmin.cancel`."""
+        targets = self._targets(sharding_key)
+        calls = self.lookup.cancel_calls(job_id, targets)
+        replies = run_calls_sync(self.client, calls, queue=self.lane.name)
+        return self.lookup.cancel_result(job_id, targets, replies)

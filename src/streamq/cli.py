@@ -10,6 +10,8 @@ Usage::
     streamq ... tenant flag ingestion project-7 --for 10m --reason "upstream 429s"
     streamq ... tenant list ingestion
     streamq ... tenant unflag ingestion project-7
+    streamq ... job 5f2c... --queue ingestion --json
+    streamq ... job 5f2c... --queue ingestion --cancel
 
 ``--redis-url`` defaults to ``$REDIS_URL`` (this entry point reads the environment; the
 library never does). ``--contracts`` names the application's contracts as ``module:attribute``
@@ -17,7 +19,7 @@ library never does). ``--contracts`` names the application's contracts as ``modu
 the import path.
 
 Exit status: 0 done; 1 Redis unreachable or failing; 2 bad arguments, unknown queue or
-contracts that cannot be loaded.
+contracts that cannot be loaded; 3 (``job``) the job is not tracked or was forgotten.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX
 __all__ = ["main"]
 
 EXIT_OK, EXIT_REDIS, EXIT_USAGE = 0, 1, 2
+EXIT_NOT_FOUND = 3
+"""``streamq job``: the job is not tracked (or its final record expired)."""
 
 _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$")
 _UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -125,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what in (("pause", "stop starting new jobs"), ("resume", "start jobs again")):
         c = cmds.add_parser(name, help=what)
         c.add_argument("queue")
+    jb = cmds.add_parser("job", help="a tracked job's status (or cancel it)")
+    jb.add_argument("id", help="the job id")
+    jb.add_argument("--queue", required=True, help="the queue (lane) the job was added to")
+    jb.add_argument("--key", help="the sharding key it was added with (asks one shard)")
+    jb.add_argument("--cancel", action="store_true", help="cancel the job")
+    jb.add_argument("--json", action="store_true", help="print JSON")
     cons = cmds.add_parser("consumers", help="the workers consuming a queue")
     cons.add_argument("queue")
     cons.add_argument("--json", action="store_true", help="print JSON")
@@ -434,7 +444,37 @@ def cmd_tenant(args: argparse.Namespace, client: Any, contracts: ContractSet) ->
     return EXIT_OK
 
 
+def cmd_job(args: argparse.Namespace, client: Any, contracts: ContractSet) -> int:
+    lane = lane_of(contracts, args.queue)
+    admin = SyncQueueAdmin(client, lane, prefix=args.prefix, group=args.group)
+    if args.cancel:
+        done = admin.cancel(args.id, sharding_key=args.key)
+        if args.json:
+            print(json.dumps(asdict(done), indent=2))
+        else:
+            print(f"{done.outcome}{f' ({done.detail})' if done.detail else ''}: {args.id}")
+        return EXIT_OK if done.outcome != "unknown" else EXIT_NOT_FOUND
+    st = admin.status(args.id, sharding_key=args.key)
+    if args.json:
+        print(json.dumps(st.to_dict(), indent=2))
+    else:
+        rows = [[k, _job_value(k, v)] for k, v in st.to_dict().items()
+                if v not in (None, False) and k != "job_id"]
+        print(f"job {args.id}")
+        print(table(["FIELD", "VALUE"], rows, set()))
+    return EXIT_OK if st.state != "unknown" else EXIT_NOT_FOUND
+
+
+def _job_value(name: str, value: Any) -> str:
+    if name.endswith("_ms") and name != "keep_ms" and isinstance(value, int):
+        return _when(value)
+    if isinstance(value, dict | list):
+        return _short(json.dumps(value))
+    return _short(str(value))
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Any, ContractSet], int]] = {
+    "job": cmd_job,
     "depth": cmd_depth,
     "dead": cmd_dead,
     "pause": cmd_pause,

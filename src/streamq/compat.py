@@ -93,11 +93,40 @@ def _canonical(obj: Any) -> Any:
 
 
 def _job_snapshot(spec: JobSpec[Any]) -> Json:
-    return {
+    snap: Json = {
         "name": spec.name,
         "model": f"{spec.model.__module__}.{spec.model.__qualname__}",
         "schema": spec.model.model_json_schema(mode="validation"),
     }
+    # Only when declared, so that contracts without tracking keep their fingerprints.
+    if spec.result_model is not None:
+        rm = spec.result_model
+        snap["result"] = {
+            "model": f"{rm.__module__}.{rm.__qualname__}",
+            "schema": rm.model_json_schema(mode="validation"),
+        }
+    if spec.track:
+        snap["tracking"] = {"keep_result_ms": spec.keep_result_ms}
+    return snap
+
+
+def _result_changes(queue: str, job: str, old: Json, new: Json) -> Iterator[Change]:
+    """Changes of a job's result model: results written by one version are read by the other
+    (``Queue.result`` validates them against the reader's model) while a deploy rolls."""
+    o_res, n_res = old.get("result"), new.get("result")
+    if o_res and not n_res:
+        yield Change(queue, job, None, "result_removed", "result model removed: producers "
+                     "that read results get plain JSON or none", True)
+    elif n_res and not o_res:
+        yield Change(queue, job, None, "result_added", "result model added", False)
+    elif o_res and n_res:
+        for d in schema_diffs(o_res["schema"], n_res["schema"]):
+            yield Change(queue, job, d.field or None, f"result_{d.kind}",
+                         f"result: {d.message}", d.breaking)
+    if old.get("tracking") != new.get("tracking"):
+        yield Change(queue, job, None, "tracking_changed",
+                     f"tracking changed from {canonical_json(old.get('tracking'))} to "
+                     f"{canonical_json(new.get('tracking'))}", False)
 
 
 def _queue_snapshot(c: type[QueueContract]) -> Json:
@@ -229,6 +258,7 @@ def _queue_changes(name: str, old: Json, new: Json) -> Iterator[Change]:
             continue
         for d in schema_diffs(o_job["schema"], n_jobs[job_name]["schema"]):
             yield Change(name, job_name, d.field or None, d.kind, d.message, d.breaking)
+        yield from _result_changes(name, job_name, o_job, n_jobs[job_name])
     for job_name in n_jobs:
         if job_name not in o_jobs:
             yield Change(name, job_name, None, "job_added", "new job", False)

@@ -89,15 +89,56 @@ class JobDefaults:
         return to_ms(self.dedup_window, "dedup_window")
 
 
+DEFAULT_KEEP_RESULT_MS = 3_600_000
+"""How long a job with a result model keeps its final record when the contract names no
+``keep_result``: one hour."""
+
+
+def _keep_ms(name: str, keep: Duration | None) -> int | None:
+    if keep is None:
+        return None
+    try:
+        ms = to_ms(keep, f"job {name!r}: keep_result", minimum=1)
+    except ConfigurationError as exc:
+        raise ContractError(str(exc), job=name) from None
+    return ms
+
+
 class JobSpec(Generic[P]):
-    """One job of a queue: its name and payload model. Made with :func:`job`."""
+    """One job of a queue: its name, payload model and tracking options. Made with
+    :func:`job`.
 
-    __slots__ = ("model", "name", "queue")
+    Attributes:
+        result_model: the model a processor's return value is validated against, or None.
+        keep_result_ms: how long the job's final record (and result) is kept, or None.
+        track: whether adds of this job are tracked (status, cancel, progress) by default.
+    """
 
-    def __init__(self, name: str, model: type[P]) -> None:
+    __slots__ = ("keep_result_ms", "model", "name", "queue", "result_model", "track")
+
+    def __init__(
+        self,
+        name: str,
+        model: type[P],
+        *,
+        result: type[BaseModel] | None = None,
+        keep_result: Duration | None = None,
+        track: bool = False,
+    ) -> None:
         _check_name("job", name)
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise ContractError(f"job {name!r}: payload model must be a pydantic BaseModel")
+        if result is not None and not (isinstance(result, type) and issubclass(result, BaseModel)):
+            raise ContractError(
+                f"job {name!r}: result model must be a pydantic BaseModel, got {result!r}",
+                job=name,
+            )
+        keep_ms = _keep_ms(name, keep_result)
+        if keep_ms is None and result is not None:
+            keep_ms = DEFAULT_KEEP_RESULT_MS
+        self.result_model: type[BaseModel] | None = result
+        self.keep_result_ms: int | None = keep_ms
+        self.track: bool = bool(track) or keep_ms is not None
         forbidding = _models_forbidding_extra(model)
         if forbidding:
             raise ContractError(
@@ -134,9 +175,31 @@ def _models_forbidding_extra(model: type[BaseModel]) -> list[type[BaseModel]]:
     return found
 
 
-def job(name: str, model: type[P]) -> JobSpec[P]:
-    """Declare a job of a queue contract: ``ingest_event = job("ingest-event", IngestEvent)``."""
-    return JobSpec(name, model)
+def job(
+    name: str,
+    model: type[P],
+    *,
+    result: type[BaseModel] | None = None,
+    keep_result: Duration | None = None,
+    track: bool = False,
+) -> JobSpec[P]:
+    """Declare a job of a queue contract: ``ingest_event = job("ingest-event", IngestEvent)``.
+
+    Args:
+        name: the job name (``[a-z0-9-]``).
+        model: the payload model.
+        result: a model the processor's return value is validated against and stored as
+            (see :doc:`job-control`); implies ``keep_result`` of one hour unless given.
+        keep_result: how long a finished job's final record (state, result, error) is kept
+            (a timedelta or seconds); implies ``track``.
+        track: track every add of this job: ``Queue.status``, ``cancel`` and progress work
+            for it. Untracked jobs cost nothing extra; an add can ask for tracking itself.
+
+    Example::
+
+        report = job("report", ReportRequest, result=Report, keep_result=timedelta(hours=6))
+    """
+    return JobSpec(name, model, result=result, keep_result=keep_result, track=track)
 
 
 @dataclass(frozen=True, slots=True)

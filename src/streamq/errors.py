@@ -10,7 +10,8 @@ The tree::
     ├── PayloadError                  a payload cannot be enqueued or consumed
     │   ├── InvalidPayload            the payload fails its job's schema
     │   ├── UnknownJob                the job name is not declared by the queue
-    │   └── PayloadTooLarge           the encoded payload is over the size limit
+    │   ├── PayloadTooLarge           the encoded payload is over the size limit
+    │   └── InvalidResult             a processor's return value fails the job's result model
     ├── RedisUnavailable              Redis could not be reached or the connection broke
     ├── RedisOutOfMemory              Redis refused a write under ``maxmemory`` (noeviction)
     ├── RedisRefused                  Redis refused a command for good (NOPERM, WRONGTYPE, ...)
@@ -18,6 +19,11 @@ The tree::
     ├── RegistrationError             a processor or queue registration is invalid
     ├── StartupHookFailed             an ``@app.on_startup`` hook raised; no worker started
     ├── LeadershipLost                a singleton runner's fenced write came from a lost lease
+    ├── JobOutcomeError               ``Queue.result`` found no result to return
+    │   ├── JobNotFound               the job is not tracked, or its record expired
+    │   ├── JobFailed                 the job was dead-lettered (``reason``, ``error``)
+    │   ├── JobCancelled              the job was cancelled
+    │   └── ResultTimeout             the job did not finish within the timeout
     └── JobControl                    raised *by processors* to steer their job
         ├── PermanentError            dead-letter now, no retry
         ├── Retry                     run again after a delay without spending an attempt
@@ -38,7 +44,12 @@ __all__ = [
     "ForeignConsumerGroup",
     "IncompatibleContract",
     "InvalidPayload",
+    "InvalidResult",
+    "JobCancelled",
     "JobControl",
+    "JobFailed",
+    "JobNotFound",
+    "JobOutcomeError",
     "JobTimeout",
     "LeadershipLost",
     "PayloadError",
@@ -49,6 +60,7 @@ __all__ = [
     "RedisRefused",
     "RedisUnavailable",
     "RegistrationError",
+    "ResultTimeout",
     "Retry",
     "StartupHookFailed",
     "StreamqError",
@@ -196,6 +208,45 @@ class LeadershipLost(StreamqError):
         super().__init__(message)
         self.runner = runner
         self.token = token
+
+
+class InvalidResult(PayloadError):
+    """Raised when a processor's return value fails its job's result model (the attempt
+    fails like any error); ``fields`` names the failing fields."""
+
+    def __init__(
+        self, message: str, *, fields: list[str] | None = None, **context: str | None
+    ) -> None:
+        super().__init__(message, **context)
+        self.fields = fields or []
+
+
+class JobOutcomeError(StreamqError):
+    """Base of the errors :meth:`Queue.result <streamq.Queue.result>` raises instead of a
+    result."""
+
+
+class JobNotFound(JobOutcomeError):
+    """Raised when a job id is not tracked on the queue (never added with tracking, or its
+    final record expired)."""
+
+
+class JobFailed(JobOutcomeError):
+    """Raised when the job was dead-lettered; ``reason`` and ``error`` say why."""
+
+    def __init__(self, message: str, *, reason: str | None = None, error: str | None = None,
+                 **context: str | None) -> None:
+        super().__init__(message, **context)
+        self.reason = reason
+        self.error = error
+
+
+class JobCancelled(JobOutcomeError):
+    """Raised when the job was cancelled (before it ran, or while it ran)."""
+
+
+class ResultTimeout(JobOutcomeError):
+    """Raised when the job did not finish within ``result()``'s timeout (it may still)."""
 
 
 class JobControl(Exception):

@@ -23,7 +23,8 @@ DeadReason = str
 
 Outcome = str
 """How an attempt ended, as Redis confirmed it: ``completed``, ``retried``, ``failed``
-(dead-lettered), ``delayed`` (Retry/RateLimited), ``lock_lost`` (another worker owns or
+(dead-lettered), ``delayed`` (Retry/RateLimited), ``cancelled`` (a tracked job whose
+cancellation was requested while it ran: acked and removed), ``lock_lost`` (another worker owns or
 settled the job: nothing was applied), ``released`` (shutdown), or ``unsettled`` (the
 worker stopped before Redis answered: the job stays pending and runs again elsewhere)."""
 

@@ -43,10 +43,13 @@ class Job(Generic[P]):
     """
 
     __slots__ = (
+        "_ctl",
         "_extend",
         "_failure",
         "_logger",
         "_lost",
+        "_result",
+        "_result_json",
         "_tenants",
         "attempt",
         "id",
@@ -96,6 +99,10 @@ class Job(Generic[P]):
         self._lost = False
         self._failure: BaseException | None = None
         self._logger: logging.LoggerAdapter[logging.Logger] | None = None
+        # Set by the worker for tracked jobs (streamq.runtime.tracking); None otherwise.
+        self._ctl: Any = None
+        self._result: Any = None
+        self._result_json: str | None = None
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -143,6 +150,48 @@ class Job(Generic[P]):
     def failure(self) -> BaseException | None:
         """The error given to :meth:`fail`, or None."""
         return self._failure
+
+    @property
+    def is_tracked(self) -> bool:
+        """True when this job is tracked: status, cancel and progress work for it."""
+        return self._ctl is not None
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once a cancellation of this (tracked) job was requested while it runs.
+
+        The worker learns of requests with its lock renewals. An async processor is also
+        cancelled (``asyncio.CancelledError`` where it awaits; clean up and let it
+        propagate); a sync processor should check this now and then and return or raise.
+        A job that completes anyway is reported completed; one that raises is cancelled.
+        """
+        return self._ctl is not None and bool(self._ctl.cancel_requested)
+
+    async def report_progress(self, fraction: float, detail: Any = None) -> bool:
+        """Record how far this job got (``fraction`` 0..1, and any JSON ``detail``), visible
+        in ``Queue.status``. One small Redis call; returns False when nothing was recorded
+        (the job is not tracked, or this worker no longer owns it).
+
+        Raises:
+            ConfigurationError: ``fraction`` is not within 0..1, or ``detail`` is not JSON.
+
+        Example::
+
+            for i, row in enumerate(rows):
+                await store(row)
+                await job.report_progress((i + 1) / len(rows), {"rows": i + 1})
+        """
+        if self._ctl is None:
+            return False
+        return bool(await self._ctl.progress(self, fraction, detail))
+
+    def report_progress_sync(self, fraction: float, detail: Any = None,
+                             *, timeout_s: float = 10.0) -> bool:
+        """:meth:`report_progress` for sync processors (call it from the processor's
+        thread, never from the event loop)."""
+        if self._ctl is None:
+            return False
+        return bool(self._ctl.progress_sync(self, fraction, detail, timeout_s))
 
     def extend_lock(self) -> None:
         """Renew this worker's locks now (thread-safe; renewal also runs on its own)."""

@@ -14,6 +14,8 @@ key                                          type    holds
 ``<prefix>:{<queue>:<shard>}:dead``          stream  dead letters (capped)
 ``<prefix>:{<queue>:<shard>}:starts``        hash    entry id -> runs started, never settled
 ``<prefix>:{<queue>:<shard>}:settled:<t>``   string  a settle call's reply, for re-sends (TTL)
+``<prefix>:{<queue>:<shard>}:tracked``       hash    job id -> where a tracked job is (JSON)
+``<prefix>:{<queue>:<shard>}:result:<id>``   list    a tracked job's final record (TTL)
 ``<prefix>:{<queue>}:meta``                  hash    paused flag, contract fingerprint
 ``<prefix>:{<queue>}:limiter``               hash    global rate-limit window (TTL)
 ``<prefix>:{<queue>}:workers``               hash    consumer name -> last heartbeat (ms)
@@ -121,16 +123,27 @@ class ShardKeys:
         """Hash entry id -> runs started without a settle (the stall budget, DESIGN §4)."""
         return f"{self.prefix}:{self.tag}:starts"
 
+    @property
+    def tracked(self) -> str:
+        """Hash job id -> JSON record of where a tracked job is (:mod:`streamq.jobstatus`)."""
+        return f"{self.prefix}:{self.tag}:tracked"
+
     def dedup(self, job_id: str) -> str:
         return f"{self.prefix}:{self.tag}:dedup:{job_id}"
+
+    def result(self, job_id: str) -> str:
+        """A tracked job's final record (completed, cancelled or dead, with its result): a
+        one-element list, so a waiter blocks on it (``BLMOVE``); expires after ``keep``."""
+        return f"{self.prefix}:{self.tag}:result:{job_id}"
 
     def settled(self, token: str) -> str:
         """A settle call's memo: its reply, kept briefly so a re-sent call answers the same."""
         return f"{self.prefix}:{self.tag}:settled:{token}"
 
     def all_static(self) -> tuple[str, ...]:
-        """Every key of the shard except dedup markers and settle memos (one per job/call)."""
-        return (self.stream, self.delayed, self.jobs, self.dead, self.starts)
+        """Every key of the shard except dedup markers, settle memos and final records (one
+        per job/call)."""
+        return (self.stream, self.delayed, self.jobs, self.dead, self.starts, self.tracked)
 
 
 class QueueKeys:

@@ -266,6 +266,8 @@ class PrometheusHooks(Hooks):
         self.retried = counter("jobs_retried", "Failed attempts scheduled to run again.", qsj)
         self.delayed = counter("jobs_redelayed", "Attempts that asked for a delay (Retry, "
                                "RateLimited); no attempt spent.", qsj)
+        self.cancelled = counter("jobs_cancelled", "Running tracked jobs that ended cancelled "
+                                 "(a cancel request; acked and removed, not retried).", qsj)
         self.dead = counter("jobs_dead_lettered", "Jobs moved to the dead-letter stream.",
                             (*qs, "reason"))
         self.tenant_waits = counter("tenant_cap_waits", "Jobs re-delayed without spending an "
@@ -373,6 +375,9 @@ class PrometheusHooks(Hooks):
         self._observe(self._child(self.processing, job.queue, job.job_name, outcome), duration_s)
         if outcome == "completed":
             tally.count(self._child(self.completed, job.queue, job.shard, job.job_name))
+            return
+        if outcome == "cancelled":
+            tally.count(self._child(self.cancelled, job.queue, job.shard, job.job_name))
             return
         if outcome in _FAILED_OUTCOMES:
             tally.count(self._child(self.failed, job.queue, job.shard, job.job_name,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from itertools import chain
 from typing import Any, Protocol
@@ -27,24 +27,33 @@ __all__ = [
     "ReclaimPage",
     "ReclaimedEntry",
     "SettleStatus",
+    "TrackedDone",
+    "TrackedFinal",
+    "cancel",
     "complete",
+    "complete_tracked",
+    "control",
     "dead_retry",
     "delayed_member",
     "drop_consumer",
     "enqueue",
     "enqueue_ready",
     "fail",
+    "job_status",
     "limiter",
+    "progress",
     "promote",
     "reclaim",
     "release",
     "renew",
     "retry",
+    "settle_tracked",
     "tenant_flag",
     "tenant_flags",
     "tenant_slot_acquire",
     "tenant_slot_release",
     "tenant_slot_renew",
+    "track_final",
 ]
 
 
@@ -72,7 +81,8 @@ class EnqueueItem:
     """One job to enqueue: its id, field values (FIELD_NAMES order), delay and dedup flag.
 
     ``member`` keys a delayed job's record (see :func:`delayed_member`); when None,
-    :func:`enqueue` draws one. Ready jobs do not use it.
+    :func:`enqueue` draws one. Ready jobs do not use it. ``ctl``, when set, makes the job
+    tracked (:mod:`streamq.jobstatus`): its ``ctl`` field's JSON.
     """
 
     job_id: str
@@ -80,6 +90,7 @@ class EnqueueItem:
     delay_ms: int = 0
     dedup: bool = False
     member: str | None = None
+    ctl: str | None = None
 
 
 class EnqueueJob(Protocol):
@@ -101,6 +112,9 @@ class EnqueueJob(Protocol):
     @property
     def member(self) -> str | None: ...
 
+    @property
+    def ctl(self) -> str | None: ...
+
 
 def _added(_reply: Any) -> list[bool]:
     return [True]
@@ -113,8 +127,10 @@ def enqueue_ready(shard: ShardKeys, item: EnqueueJob) -> Call:
     One command is as atomic as the script, costs Redis about a fifth of its time and the
     client fewer arguments to send; a single add without ``job_id`` or delay takes it.
     """
-    if item.dedup or item.delay_ms > 0 or len(item.values) != len(FIELD_NAMES):
-        raise ValueError(f"job {item.job_id!r} needs the enqueue script (dedup, delay or fields)")
+    if item.dedup or item.delay_ms > 0 or item.ctl or len(item.values) != len(FIELD_NAMES):
+        raise ValueError(
+            f"job {item.job_id!r} needs the enqueue script (dedup, delay, tracking or fields)"
+        )
     stream = shard.stream
     fields = chain.from_iterable(zip(FIELD_NAMES, item.values, strict=True))
     return Call(script("enqueue"), (stream,), (), _added, command=("XADD", stream, "*", *fields))
@@ -122,12 +138,15 @@ def enqueue_ready(shard: ShardKeys, item: EnqueueJob) -> Call:
 
 _NF = len(FIELD_NAMES)
 _READY = ("", 0, 0)
-"""member, delay ms and dedup flag of a ready job without a dedup marker."""
+"""member, delay ms and flags of a ready job without a dedup marker or tracking."""
+
+_DEDUP, _TRACKED = 1, 2
+"""The enqueue script's per-job flag bits."""
 
 
-def _member_args(it: EnqueueJob, dedup: int) -> tuple[str, int, int]:
+def _member_args(it: EnqueueJob, flags: int) -> tuple[str, int, int]:
     member = "" if it.delay_ms <= 0 else it.member or delayed_member(it.job_id)
-    return member, it.delay_ms, dedup
+    return member, it.delay_ms, flags
 
 
 def _bools(reply: Any) -> list[bool]:
@@ -141,7 +160,7 @@ def enqueue(shard: ShardKeys, items: Sequence[EnqueueJob], *, dedup_window_ms: i
     two accepted adds of one job id are two delayed jobs. The call is built once: a re-send
     of the same call (a lost reply) writes the same members again, not new ones.
     """
-    keys = [shard.stream, shard.delayed, shard.jobs]
+    keys = [shard.stream, shard.delayed, shard.jobs, shard.tracked]
     args: list[Any] = [dedup_window_ms, _NF, *FIELD_NAMES]
     extend = args.extend
     for it in items:
@@ -150,14 +169,17 @@ def enqueue(shard: ShardKeys, items: Sequence[EnqueueJob], *, dedup_window_ms: i
             # The script reads a fixed number of values per job: a short list would shift
             # every later job's arguments.
             raise ValueError(f"job {it.job_id!r}: expected {_NF} field values, got {len(values)}")
+        ctl = it.ctl
         if it.dedup:
             keys.append(shard.dedup(it.job_id))
-            extend(_member_args(it, 1))
-        elif it.delay_ms > 0:
-            extend(_member_args(it, 0))
+            extend(_member_args(it, _DEDUP | (_TRACKED if ctl else 0)))
+        elif it.delay_ms > 0 or ctl:
+            extend(_member_args(it, _TRACKED if ctl else 0))
         else:
             extend(_READY)  # the common case of a bulk add: ready now, no marker
         extend(values)
+        if ctl:
+            args.append(ctl)
     return Call(script("enqueue"), keys, args, _bools)
 
 
@@ -217,7 +239,7 @@ def release(
     """
     return Call(
         script("release"),
-        [shard.stream, shard.starts, shard.settled(token)],
+        [shard.stream, shard.starts, shard.settled(token), shard.tracked],
         [group, consumer, SETTLE_MEMO_MS, *entry_ids],
         _statuses,
     )
@@ -300,7 +322,10 @@ def _promote_result(r: Any) -> PromoteResult:
 def promote(shard: ShardKeys, *, limit: int = 500) -> Call:
     """Move up to ``limit`` due delayed jobs into the stream."""
     return Call(
-        script("promote"), [shard.delayed, shard.jobs, shard.stream], [limit], _promote_result
+        script("promote"),
+        [shard.delayed, shard.jobs, shard.stream, shard.tracked],
+        [limit],
+        _promote_result,
     )
 
 
@@ -314,14 +339,28 @@ class ReclaimedEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class TrackedFinal:
+    """A tracked job that a script dead-lettered without writing its final record (the key
+    was not known in advance): what :func:`track_final` needs."""
+
+    job_id: str
+    keep_ms: int
+    job_name: str
+    attempt: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class ReclaimPage:
     """One reclaim call: the next cursor, entries to start, ids dead-lettered as stalled, and
-    ids whose payload was deleted while pending (recorded in the dead stream)."""
+    ids whose payload was deleted while pending (recorded in the dead stream), and the
+    tracked jobs among the stalled ones whose final record is still to write."""
 
     cursor: str
     entries: list[ReclaimedEntry]
     stalled: list[str]
     lost: list[str]
+    finals: list[TrackedFinal] = field(default_factory=list)
 
 
 def _bytes(v: Any) -> bytes:
@@ -335,7 +374,12 @@ def _reclaim_page(r: Any) -> ReclaimPage:
         flat = run[i + 1]
         fields = {_bytes(flat[j]): _bytes(flat[j + 1]) for j in range(0, len(flat), 2)}
         entries.append(ReclaimedEntry(_str(run[i]), fields, int(run[i + 2])))
-    return ReclaimPage(_str(r[0]), entries, _str_list(r[2]), _str_list(r[3]))
+    f = r[4] if len(r) > 4 else []
+    finals = [
+        TrackedFinal(_str(f[i]), int(f[i + 1]), _str(f[i + 2]), int(f[i + 3]), _str(f[i + 4]))
+        for i in range(0, len(f), 5)
+    ]
+    return ReclaimPage(_str(r[0]), entries, _str_list(r[2]), _str_list(r[3]), finals)
 
 
 def reclaim(
@@ -361,7 +405,7 @@ def reclaim(
         raise ValueError(f"reclaim count must be at least 1, got {count}")
     return Call(
         script("reclaim"),
-        [shard.stream, shard.dead, shard.starts],
+        [shard.stream, shard.dead, shard.starts, shard.tracked],
         [group, consumer, min_idle_ms, cursor, count, max_stalled_count, dead_cap],
         _reclaim_page,
     )
@@ -497,3 +541,120 @@ def tenant_slot_release(qkeys: QueueKeys, tenant: str, holders: Sequence[str]) -
     key = qkeys.tenant_slots(tenant)
     return Call(script("tenant_slot_renew"), (key,), (), int,
                 command=("ZREM", key, *holders))
+
+
+# -- tracked jobs (streamq.jobstatus) ---------------------------------------------------------
+def _tracked_settle(reply: Any) -> tuple[SettleStatus, str]:
+    return SettleStatus(int(reply[0])), _str(reply[1])
+
+
+def settle_tracked(
+    shard: ShardKeys,
+    group: str,
+    consumer: str,
+    *,
+    entry_id: str,
+    job_id: str,
+    action: str,
+    keep_ms: int,
+    record: str,
+    token: str,
+    member: str = "",
+    delay_ms: int = 0,
+    dead_cap: int = 0,
+    fields: Sequence[str | bytes] = (),
+) -> Call:
+    """Settle one tracked job, fenced: ``action`` is ``complete``, ``cancel``, ``retry`` (to
+    ``member`` after ``delay_ms``, ``fields`` the new envelope flat) or ``fail`` (``fields``
+    the dead letter flat). ``record`` is the final record's JSON (kept ``keep_ms``).
+
+    A cancel request turns a retry or a fail into a cancel. Reply: ``(status, outcome)``,
+    outcome ``c`` completed, ``x`` cancelled, ``r`` retried, ``d`` dead, ``""`` not applied;
+    a re-send with the same ``token`` answers the same.
+    """
+    return Call(
+        script("settle_tracked"),
+        [shard.stream, shard.starts, shard.settled(token), shard.tracked, shard.delayed,
+         shard.jobs, shard.dead, shard.result(job_id)],
+        [group, consumer, entry_id, SETTLE_MEMO_MS, job_id, action, keep_ms, record, member,
+         max(0, delay_ms), dead_cap, *fields],
+        _tracked_settle,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TrackedDone:
+    """One tracked job for :func:`complete_tracked`."""
+
+    entry_id: str
+    job_id: str
+    cancel: bool
+    keep_ms: int
+    record: str
+
+
+def _tracked_done(reply: Any) -> tuple[list[SettleStatus], str]:
+    return [SettleStatus(int(x)) for x in reply[0] or []], _str(reply[1])
+
+
+def complete_tracked(
+    shard: ShardKeys, group: str, consumer: str, jobs: Sequence[TrackedDone], *, token: str
+) -> Call:
+    """Complete (or cancel) many tracked jobs of one shard, fenced; each final record (JSON
+    ``record``) kept ``keep_ms``. Reply: ``(statuses, outcomes)``, one status per job and one
+    character per job (``c`` completed, ``x`` cancelled, ``-`` not applied); a re-send with the
+    same ``token`` answers the same."""
+    keys = [shard.stream, shard.starts, shard.settled(token), shard.tracked]
+    args: list[Any] = [group, consumer, SETTLE_MEMO_MS]
+    for j in jobs:
+        keys.append(shard.result(j.job_id))
+        args.extend((j.entry_id, j.job_id, "cancel" if j.cancel else "complete", j.keep_ms,
+                     j.record))
+    return Call(script("complete_tracked"), keys, args, _tracked_done)
+
+
+def job_status(shard: ShardKeys, group: str, job_id: str) -> Call:
+    """Where tracked job ``job_id`` is on ``shard`` (read-only); the raw reply, decoded by
+    :func:`streamq.jobstatus.decode_status`."""
+    return Call(
+        script("job_status"),
+        [shard.tracked, shard.result(job_id), shard.stream, shard.delayed, shard.jobs],
+        [group, job_id],
+    )
+
+
+def cancel(shard: ShardKeys, group: str, job_id: str) -> Call:
+    """Cancel tracked job ``job_id`` on ``shard``. Reply: ``(outcome, detail)``: ``removed``
+    (``waiting``/``delayed``), ``requested`` (the consumer running it), ``finished`` (its
+    final state) or ``unknown``."""
+    return Call(
+        script("cancel"),
+        [shard.tracked, shard.result(job_id), shard.stream, shard.delayed, shard.jobs],
+        [group, job_id],
+        lambda r: (_str(r[0]), _str(r[1])),
+    )
+
+
+def progress(shard: ShardKeys, group: str, consumer: str, *, job_id: str, entry_id: str,
+             fraction: float, detail: str) -> Call:
+    """Record a running tracked job's progress (fenced on its entry and owner). Reply: True
+    recorded."""
+    return Call(
+        script("progress"), [shard.tracked, shard.stream],
+        [job_id, entry_id, repr(float(fraction)), detail, group, consumer], bool,
+    )
+
+
+def control(shard: ShardKeys, group: str, consumer: str,
+            running: Sequence[tuple[str, str, int]]) -> Call:
+    """Mark this consumer's running tracked jobs ``(job id, entry id, start ms)`` as its own
+    (those still pending for it); reply: the job ids whose cancellation was requested."""
+    args: list[Any] = [consumer, group]
+    for job_id, entry_id, start_ms in running:
+        args.extend((job_id, entry_id, start_ms))
+    return Call(script("control"), [shard.tracked, shard.stream], args, _str_list)
+
+
+def track_final(shard: ShardKeys, job_id: str, *, keep_ms: int, record: str) -> Call:
+    """Write a tracked job's final record (``record`` JSON, kept ``keep_ms``)."""
+    return Call(script("track_final"), [shard.result(job_id)], [keep_ms, record], bool)

@@ -29,7 +29,7 @@ import redis.asyncio as redis_async
 from pydantic import BaseModel, ValidationError
 
 from streamq import ops
-from streamq._redis import Call, run_calls, run_calls_sync
+from streamq._redis import Call, map_error, run_calls, run_calls_sync
 from streamq.contracts import JobSpec, Lane, QueueContract
 from streamq.durations import Duration, to_ms
 from streamq.envelope import (
@@ -48,7 +48,8 @@ from streamq.errors import (
 )
 from streamq.fingerprint import record_contract, record_contract_sync
 from streamq.hooks import Hooks
-from streamq.keys import DEFAULT_PREFIX, QueueKeys, ShardKeys
+from streamq.jobstatus import CancelResult, JobStatus, Lookup, ctl_value
+from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX, QueueKeys, ShardKeys
 from streamq.tenants import DEFAULT_FLAG_STALENESS_S, FlagView, shared_view
 
 __all__ = ["JobRequest", "Queue", "SyncQueue"]
@@ -95,6 +96,8 @@ class JobRequest(Generic[P]):
     job_id: str | None = None
     delay: timedelta | int | None = None
     sharding_key: str | None = None
+    track: bool | None = None
+    keep_result: Duration | None = None
 
 
 class _AnyJobRequest(Protocol):
@@ -181,6 +184,7 @@ class _Prepared:
     delay_ms: int = 0
     dedup: bool = False
     member: str | None = None
+    ctl: str | None = None
 
 
 class _Planner:
@@ -349,6 +353,8 @@ class _Planner:
         delay: timedelta | int | None,
         sharding_key: str | None,
         stamp: _Stamp,
+        track: bool | None = None,
+        keep_result: Duration | None = None,
     ) -> _Prepared:
         """Validate, encode and place one job (positional: this runs once per job of a bulk)."""
         model = payload if type(payload) is codec.model else self._model(codec, payload)
@@ -388,7 +394,14 @@ class _Planner:
         # A delayed job is stored under a fresh member, never its id: a re-add of the id after
         # its dedup window must not overwrite a copy that is still waiting.
         member = ops.delayed_member(jid) if delay_ms > 0 else None
-        return _Prepared(lane, shard, codec.name, jid, values, delay_ms, job_id is not None, member)
+        spec = codec.spec
+        ctl = (
+            ctl_value(spec, track, keep_result)
+            if spec.track or track or keep_result is not None else None
+        )
+        return _Prepared(
+            lane, shard, codec.name, jid, values, delay_ms, job_id is not None, member, ctl
+        )
 
     def _tenant_lane(self, lane: Lane, codec: _Codec, model: BaseModel) -> Lane:
         """The secondary lane when the job's tenant is flagged, else ``lane``."""
@@ -431,7 +444,7 @@ class _Planner:
         window = self.contract.defaults.dedup_window_ms
         if len(prepared) == 1:
             p = prepared[0]
-            if not p.dedup and p.delay_ms <= 0:
+            if not p.dedup and p.delay_ms <= 0 and p.ctl is None:
                 return [ops.enqueue_ready(p.shard, p)], [[p]]
             return [ops.enqueue(p.shard, [p], dedup_window_ms=window)], [[p]]
         # Keyed by the ShardKeys object (one per shard and lane, held by this planner): its
@@ -464,6 +477,22 @@ class _Planner:
                 self.hooks.enqueue_rejected(p.lane.name, p.name, "redis_error")
 
 
+def _timeout_s(timeout: timedelta | float) -> float:
+    t = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    if not t > 0:
+        raise ConfigurationError(f"result timeout must be positive, got {timeout!r}")
+    return t
+
+
+def _log_cancel(result: CancelResult) -> None:
+    if result.outcome in ("removed", "requested"):
+        _log.info(
+            "job cancelled" if result.outcome == "removed" else "job cancellation requested",
+            extra={"queue": result.queue, "job_id": result.job_id, "cancel": result.outcome,
+                   "detail": result.detail},
+        )
+
+
 def _type_name(t: type) -> str:
     return f"{t.__module__}.{t.__qualname__}"
 
@@ -489,9 +518,11 @@ class _BaseQueue(Generic[C, R]):
         hooks: Hooks | None = None,
         max_payload_bytes: int | None = None,
         tenant_flags_staleness: Duration | None = DEFAULT_FLAG_STALENESS_S,
+        group: str = DEFAULT_GROUP,
         _sharding_key: str | None = None,
     ) -> None:
         self.contract = contract
+        self._lookup = Lookup(contract, prefix, group)
         self._planner = _Planner(
             contract,
             prefix=prefix,
@@ -547,6 +578,8 @@ class _BaseQueue(Generic[C, R]):
         job_id: str | None,
         delay: timedelta | int | None,
         sharding_key: str | None,
+        track: bool | None = None,
+        keep_result: Duration | None = None,
     ) -> _Prepared:
         planner = self._planner
         return planner.prepare(
@@ -556,7 +589,12 @@ class _BaseQueue(Generic[C, R]):
             delay,
             sharding_key if sharding_key is not None else self._bound_key,
             _Stamp(),
+            track,
+            keep_result,
         )
+
+    def _targets(self) -> list[tuple[str, ShardKeys]]:
+        return self._lookup.targets(self._bound_key)
 
     def _prepare_many(self, requests: Iterable[_AnyJobRequest]) -> list[list[_Prepared]]:
         """Every request validated and encoded, cut into batches of at most
@@ -575,7 +613,10 @@ class _BaseQueue(Generic[C, R]):
                 )
             codec = codecs.get(r.job) or planner.codec(r.job)
             key = r.sharding_key
-            p = prepare(codec, r.payload, r.job_id, r.delay, bound if key is None else key, stamp)
+            track = getattr(r, "track", None)
+            keep = getattr(r, "keep_result", None)
+            p = prepare(codec, r.payload, r.job_id, r.delay, bound if key is None else key, stamp,
+                        track, keep)
             n = len(p.values[_PAYLOAD_AT])
             if batch and (len(batch) >= BULK_BATCH or size + n > BULK_BATCH_BYTES):
                 batches.append(batch)
@@ -632,6 +673,8 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
         job_id: str | None = None,
         delay: timedelta | int | None = None,
         sharding_key: str | None = None,
+        track: bool | None = None,
+        keep_result: Duration | None = None,
     ) -> str: ...
 
     @overload
@@ -643,6 +686,8 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
         job_id: str | None = None,
         delay: timedelta | int | None = None,
         sharding_key: str | None = None,
+        track: bool | None = None,
+        keep_result: Duration | None = None,
     ) -> str: ...
 
     async def add(
@@ -653,11 +698,13 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
         job_id: str | None = None,
         delay: timedelta | int | None = None,
         sharding_key: str | None = None,
+        track: bool | None = None,
+        keep_result: Duration | None = None,
     ) -> str:
         """Validate and enqueue one job; returns its id.
 
         With ``job_id``, a second add of the same id within the dedup window adds nothing
-        and returns the same id. ``delay`` is a timedelta or ms; the due time is computed
+        and returns the same id. ``delay`` is a timedelta or seconds; the due time is computed
         on the Redis server clock.
 
         The dedup window (the contract's ``dedup_window_ms``) counts from the add, not from
@@ -666,6 +713,11 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
         To make one id one run, give delayed jobs a window of at least the delay plus the
         expected run time (retries included).
 
+        ``track=True`` tracks this add (:meth:`status`, :meth:`cancel`, progress) even when
+        the contract does not; ``keep_result`` (a timedelta or seconds) also keeps the job's final
+        record and result that long (:meth:`result`). ``track=False`` turns the contract's
+        tracking off for this add. See :doc:`job-control`.
+
         Raises:
             UnknownJob, InvalidPayload, PayloadTooLarge: before anything is sent.
             RedisUnavailable, RedisOutOfMemory: the job was not enqueued.
@@ -673,7 +725,9 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
         flags = self._planner.flags
         if flags is not None:
             await flags.refresh(self.redis)
-        prepared = [self._prepare(job, payload, job_id, delay, sharding_key)]
+        prepared = [
+            self._prepare(job, payload, job_id, delay, sharding_key, track, keep_result)
+        ]
         return (await self._send(prepared))[0]
 
     async def add_bulk(self, requests: Iterable[_AnyJobRequest]) -> list[str]:
@@ -697,6 +751,71 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
         for batch in self._prepare_many(requests):
             out.extend(await self._send(batch))
         return out
+
+    async def status(self, job_id: str) -> JobStatus:
+        """Where tracked job ``job_id`` is: one script call per shard, in one pipelined
+        round trip, without scanning a stream.
+
+        Without a bound key every shard of the contract's lanes is asked; on a view from
+        :meth:`for_key` only that key's shard (in each lane): look up a job added with a
+        ``sharding_key`` through ``queue.for_key(key).status(job_id)`` or through the
+        unbound queue. A job that is not tracked (or whose final record expired) is
+        ``unknown``.
+
+        Example::
+
+            st = await queue.status(job_id)
+            if st.state == "active":
+                print(st.consumer, st.progress)
+        """
+        targets = self._targets()
+        replies = await run_calls(
+            self.redis, self._lookup.status_calls(job_id, targets), queue=self.name
+        )
+        return self._lookup.pick(job_id, targets, replies)[0]
+
+    async def cancel(self, job_id: str) -> CancelResult:
+        """Cancel tracked job ``job_id``: a waiting or delayed job is removed at once (it
+        never runs); a running one is asked to stop (its worker sees the request at its next
+        lock renewal, cancels an async processor and sets ``job.cancel_requested``) and ends
+        ``cancelled`` unless it completes first. Shards are looked up as in :meth:`status`.
+        """
+        targets = self._targets()
+        replies = await run_calls(
+            self.redis, self._lookup.cancel_calls(job_id, targets), queue=self.name
+        )
+        result = self._lookup.cancel_result(job_id, targets, replies)
+        _log_cancel(result)
+        return result
+
+    # The timeout is Redis's: one blocking BLMOVE waits, not an asyncio timer.
+    async def result(self, job_id: str, *, timeout: timedelta | float) -> Any:  # noqa: ASYNC109
+        """Wait up to ``timeout`` (timedelta or seconds) for tracked job ``job_id`` to finish;
+        return its result: an instance of the job's result model, the decoded JSON when it
+        has none, or None when the processor returned nothing.
+
+        One blocking ``BLMOVE`` on the job's final record waits, no polling. The client's
+        ``socket_timeout`` (if any) must be longer than ``timeout``.
+
+        Raises:
+            JobNotFound: the job is not tracked, or its final record expired.
+            JobFailed: it was dead-lettered (``reason``, ``error``).
+            JobCancelled: it was cancelled.
+            ResultTimeout: it did not finish in time.
+            ConfigurationError: the job keeps no final record (no ``keep_result``).
+        """
+        timeout_s = _timeout_s(timeout)
+        targets = self._targets()
+        replies = await run_calls(
+            self.redis, self._lookup.status_calls(job_id, targets), queue=self.name
+        )
+        st, sk = self._lookup.pick(job_id, targets, replies)
+        key = self._lookup.wait_key(st, sk)
+        try:
+            raw = await self.redis.execute_command("BLMOVE", key, key, "LEFT", "LEFT", timeout_s)
+        except Exception as exc:
+            raise map_error(exc, queue=self.name) or exc from exc
+        return self._lookup.waited(job_id, st, sk, raw, timeout_s)
 
     async def _send(self, prepared: list[_Prepared]) -> list[str]:
         calls, groups = self._planner.calls(prepared)
@@ -739,6 +858,8 @@ class SyncQueue(_BaseQueue[C, redis_sync.Redis | redis_sync.RedisCluster]):
         job_id: str | None = None,
         delay: timedelta | int | None = None,
         sharding_key: str | None = None,
+        track: bool | None = None,
+        keep_result: Duration | None = None,
     ) -> str: ...
 
     @overload
@@ -750,6 +871,8 @@ class SyncQueue(_BaseQueue[C, redis_sync.Redis | redis_sync.RedisCluster]):
         job_id: str | None = None,
         delay: timedelta | int | None = None,
         sharding_key: str | None = None,
+        track: bool | None = None,
+        keep_result: Duration | None = None,
     ) -> str: ...
 
     def add(
@@ -760,12 +883,16 @@ class SyncQueue(_BaseQueue[C, redis_sync.Redis | redis_sync.RedisCluster]):
         job_id: str | None = None,
         delay: timedelta | int | None = None,
         sharding_key: str | None = None,
+        track: bool | None = None,
+        keep_result: Duration | None = None,
     ) -> str:
         """Validate and enqueue one job; see :meth:`Queue.add`."""
         flags = self._planner.flags
         if flags is not None:
             flags.refresh_sync(self.redis)
-        prepared = [self._prepare(job, payload, job_id, delay, sharding_key)]
+        prepared = [
+            self._prepare(job, payload, job_id, delay, sharding_key, track, keep_result)
+        ]
         return self._send(prepared)[0]
 
     def add_bulk(self, requests: Iterable[_AnyJobRequest]) -> list[str]:
@@ -777,6 +904,41 @@ class SyncQueue(_BaseQueue[C, redis_sync.Redis | redis_sync.RedisCluster]):
         for batch in self._prepare_many(requests):
             out.extend(self._send(batch))
         return out
+
+    def status(self, job_id: str) -> JobStatus:
+        """Where tracked job ``job_id`` is; see :meth:`Queue.status`."""
+        targets = self._targets()
+        replies = run_calls_sync(
+            self.redis, self._lookup.status_calls(job_id, targets), queue=self.name
+        )
+        return self._lookup.pick(job_id, targets, replies)[0]
+
+    def cancel(self, job_id: str) -> CancelResult:
+        """Cancel tracked job ``job_id``; see :meth:`Queue.cancel`."""
+        targets = self._targets()
+        replies = run_calls_sync(
+            self.redis, self._lookup.cancel_calls(job_id, targets), queue=self.name
+        )
+        result = self._lookup.cancel_result(job_id, targets, replies)
+        _log_cancel(result)
+        return result
+
+    def result(self, job_id: str, *, timeout: timedelta | float) -> Any:
+        """Wait for tracked job ``job_id``'s result; see :meth:`Queue.result`."""
+        timeout_s = _timeout_s(timeout)
+        targets = self._targets()
+        replies = run_calls_sync(
+            self.redis, self._lookup.status_calls(job_id, targets), queue=self.name
+        )
+        st, sk = self._lookup.pick(job_id, targets, replies)
+        key = self._lookup.wait_key(st, sk)
+        try:
+            raw = self.redis.execute_command(  # type: ignore[no-untyped-call]
+                "BLMOVE", key, key, "LEFT", "LEFT", timeout_s
+            )
+        except Exception as exc:
+            raise map_error(exc, queue=self.name) or exc from exc
+        return self._lookup.waited(job_id, st, sk, raw, timeout_s)
 
     def _send(self, prepared: list[_Prepared]) -> list[str]:
         calls, groups = self._planner.calls(prepared)

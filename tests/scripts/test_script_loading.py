@@ -122,8 +122,8 @@ _CALL = re.compile(r"(?:redis\.call\(|pcall\(redis\.call,)\s*'(\w+)'\s*,?([^)]*)
 
 def _key_vars(source: str) -> set[str]:
     """Names bound to KEYS[...] (``local a, b = KEYS[1], ARGV[1]``); prelude helpers receive
-    the stream as their ``stream`` parameter."""
-    names = {"stream"}
+    the stream as their ``stream`` parameter and a final record's key as ``final``."""
+    names = {"stream", "final"}
     for lhs, rhs in re.findall(r"local\s+([\w, ]+?)\s*=\s*([^\n]+)", source):
         for name, value in zip(lhs.split(","), rhs.split(","), strict=False):
             if value.strip().startswith("KEYS["):

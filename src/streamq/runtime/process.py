@@ -38,9 +38,10 @@ from streamq.envelope import (
     RawJob,
     add_error_to_baggage,
     decode_entry,
+    flat_fields,
     validate_payload,
 )
-from streamq.errors import InvalidPayload, JobTimeout, PermanentError, Retry
+from streamq.errors import InvalidPayload, JobCancelled, JobTimeout, PermanentError, Retry
 from streamq.hooks import JobInfo
 from streamq.job import Job
 from streamq.keys import ShardKeys
@@ -50,6 +51,7 @@ from streamq.runtime.execute import run_processor
 from streamq.runtime.fetch import Entry
 from streamq.runtime.settle import SettleOp, Status
 from streamq.runtime.tenancy import TenantGate
+from streamq.runtime.tracking import Tracker, is_tracked
 from streamq.tenants import TenantControl
 
 __all__ = ["JobRunner", "Poison", "retry_values"]
@@ -120,8 +122,11 @@ class JobRunner:
         extend_lock: Callable[[], None],
         gate: TenantGate | None = None,
         tenants: TenantControl | None = None,
+        tracker: Tracker | None = None,
     ) -> None:
         self.ctx = ctx
+        # Tracked jobs (status, cancel, results) settle through it; untracked ones never do.
+        self.tracker = tracker or Tracker(ctx)
         self.registration = registration
         self.pool = pool
         self.submit = submit
@@ -161,6 +166,9 @@ class JobRunner:
                  reason: str, error: BaseException | None, attempts: int) -> SettleOp:
         ctx = self.ctx
         dead = self.dead_fields(fields, reason=reason, error=error, attempts=attempts)
+        if is_tracked(fields) and fields.get(b"id"):
+            return self.tracker.dead_op(shard, entry_id, fields, dead=dead, reason=reason,
+                                        error=_text_of(dead, "error"), attempts=attempts)
         return SettleOp("fail", shard, entry_id, build=lambda token: ops.fail(
             shard, ctx.group, ctx.consumer, entry_id=entry_id, dead_fields=dead,
             dead_cap=ctx.options.dead_letter_cap, token=token,
@@ -173,6 +181,9 @@ class JobRunner:
         # once, fenced), so two copies of one job id never overwrite each other.
         member = f"{raw.id}:{raw.entry_id}"
         env, extra = values
+        if is_tracked(raw.fields):
+            return self.tracker.retry_op(shard, raw.entry_id, raw.fields, member=member,
+                                         delay_ms=delay_ms, flat=[*flat_fields(env), *extra])
         return SettleOp("retry", shard, raw.entry_id, build=lambda token: ops.retry(
             shard, ctx.group, ctx.consumer, entry_id=raw.entry_id, member=member,
             delay_ms=delay_ms, values=env, extra_fields=extra, token=token,
@@ -314,6 +325,16 @@ class JobRunner:
                error: BaseException | None) -> tuple[SettleOp, str]:
         """The settle for a run that ended with ``error`` (None: it completed), and the
         outcome it reports when Redis applies it."""
+        if is_tracked(raw.fields):
+            if error is None:
+                job = self.running.get((shard.index, raw.entry_id))
+                return self.tracker.complete_op(
+                    shard, raw.entry_id, raw.fields, job_name=raw.name, attempt=raw.attempt,
+                    result_json=job._result_json if job is not None else None,
+                ), "completed"
+            if isinstance(error, JobCancelled):
+                return self.tracker.cancel_op(shard, raw.entry_id, raw.fields,
+                                              job_name=raw.name, attempt=raw.attempt), "cancelled"
         if error is None:
             return SettleOp("complete", shard, raw.entry_id), "completed"
         if isinstance(error, Retry):
@@ -334,9 +355,10 @@ class JobRunner:
     def report(self, shard: ShardKeys, raw: RawJob, info: JobInfo, op: SettleOp, intent: str,
                error: BaseException | None, duration: float, status: Status | None) -> None:
         """Report the outcome Redis confirmed for ``op`` (``status``)."""
-        if op.kind == "fail":
+        outcome = self.tracker.confirmed(op, _confirmed(op.kind, intent, status), raw.id)
+        if op.kind == "fail" and outcome != "cancelled":
             self._count_dead(shard, raw.name, _reason(error), status)
-        self.ctx.hooks.job_finished(info, _confirmed(op.kind, intent, status), duration, error)
+        self.ctx.hooks.job_finished(info, outcome, duration, error)
 
     async def _attempt(self, shard: ShardKeys, raw: RawJob, payload: Any, handler: Any,
                        free: Callable[[], None]) -> None:
@@ -344,17 +366,33 @@ class JobRunner:
         info, job = self.info(shard, raw, payload)
         key = (shard.index, raw.entry_id)
         self.running[key] = job
+        tracked = is_tracked(raw.fields)
+        if tracked:
+            self.tracker.start(shard, raw.entry_id, job,
+                               cancellable=Registration.is_async(handler))
         ctx.hooks.job_started(info)
         started = time.perf_counter()
         with ctx.hooks.process_context(info):
             error: BaseException | None = None
             try:
                 try:
-                    await run_processor(handler, job, timeout_s=ctx.options.timeout_s,
-                                        pool=self.pool)
+                    job._result = await run_processor(handler, job,
+                                                      timeout_s=ctx.options.timeout_s,
+                                                      pool=self.pool)
                     error = job.failure
+                except asyncio.CancelledError:
+                    # A cancel request's own cancellation ends the run; any other (shutdown)
+                    # goes on to release the job.
+                    error = self.tracker.absorb_cancel(job) if tracked else None
+                    if error is None:
+                        raise
                 except Exception as exc:
                     error = exc
+                finally:
+                    if tracked:
+                        self.tracker.stop(shard, raw.entry_id)
+                if tracked and error is None:
+                    error = self.tracker.encode_result(raw.name, job)  # an invalid result
                 op, intent = self.decide(shard, raw, error)
             except asyncio.CancelledError:
                 # Shutdown ran out of time: hand the job back so another worker takes it now.
@@ -410,6 +448,15 @@ class JobRunner:
                 )[:500],
             },
         )
+
+
+def _text_of(flat: list[str | bytes], name: str) -> str:
+    """The value of ``name`` among flat name/value pairs, as text ('' when absent)."""
+    for i in range(len(flat) - 2, -1, -2):
+        if flat[i] == name:
+            v = flat[i + 1]
+            return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+    return ""
 
 
 def _reason(error: BaseException | None) -> str:

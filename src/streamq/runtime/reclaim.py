@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from streamq import ops
 from streamq._redis import run_calls
+from streamq.keys import ShardKeys
 from streamq.runtime.context import LaneContext
 from streamq.runtime.fetch import Entry, Intake
 from streamq.runtime.renewal import HeldEntries
@@ -45,8 +46,10 @@ class Reclaimer:
         on_lost: Callable[[int, list[str]], None],
         is_paused: Callable[[], Awaitable[bool]],
         closing: Callable[[], bool],
+        on_finals: Callable[[ShardKeys, list[ops.TrackedFinal]], Awaitable[None]] | None = None,
     ) -> None:
         self.ctx = ctx
+        self.on_finals = on_finals
         self.intake = intake
         self.held = held
         self.on_lost = on_lost
@@ -128,6 +131,15 @@ class Reclaimer:
                          extra={"queue": ctx.name, "shard": shard.name,
                                 "count": len(page.stalled),
                                 "max_stalled_count": ctx.options.max_stalled_count})
+        if page.finals and self.on_finals is not None:
+            # Tracked jobs among the stalled: their final records (the script could not
+            # name those keys in advance). Best effort: the dead letters are already safe.
+            try:
+                await self.on_finals(shard, page.finals)
+            except Exception as exc:
+                _log.warning("could not record stalled tracked jobs as dead",
+                             extra={"queue": ctx.name, "shard": shard.name,
+                                    "error": repr(exc)})
         if page.lost:
             hooks.payload_lost(ctx.name, shard.name, len(page.lost))
             for _ in page.lost:

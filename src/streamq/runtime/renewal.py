@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamq import ops
-from streamq._redis import run_calls_sync
+from streamq._redis import Call, run_calls_sync
 from streamq.keys import ShardKeys
 
 __all__ = ["HeldEntries", "LockRenewer"]
@@ -70,6 +70,7 @@ class LockRenewer(threading.Thread):
         interval_s: float,
         on_lost: Callable[[int, list[str]], None],
         on_error: Callable[[BaseException], None] | None = None,
+        riders: Callable[[], list[tuple[Call, Callable[[Any], None]]]] | None = None,
     ) -> None:
         super().__init__(name=f"streamq-renew-{queue}", daemon=True)
         self.client = client
@@ -80,6 +81,9 @@ class LockRenewer(threading.Thread):
         self.interval_s = interval_s
         self.on_lost = on_lost
         self.on_error = on_error
+        # Calls sent in the same round trip as each renewal, and what to do with each reply
+        # (tracked jobs' control: streamq.runtime.tracking).
+        self.riders = riders
         self._stop = threading.Event()
         self._now = threading.Event()
         self.renewals = 0
@@ -115,7 +119,12 @@ class LockRenewer(threading.Thread):
         calls = [
             ops.renew(self.held.shards[i], self.group, self.consumer, snap[i]) for i in indexes
         ]
-        replies = run_calls_sync(self.client, calls, queue=self.queue)
+        rides = self.riders() if self.riders is not None else []
+        replies = run_calls_sync(self.client, [*calls, *(c for c, _ in rides)],
+                                 queue=self.queue)
+        for (_, done), reply in zip(rides, replies[len(calls):], strict=True):
+            done(reply)
+        replies = replies[:len(calls)]
         self.renewals += 1
         for i, lost in zip(indexes, replies, strict=True):
             # An entry settled between the snapshot and the call is not lost: drop those.

@@ -52,6 +52,9 @@ class SettleOp:
     entry_id: str
     build: Callable[[str], Call] | None = None
     then: Callable[[Status | None], None] | None = None
+    batch: Callable[[list[SettleOp], str], Call] | None = None
+    """When set, ops of one shard with the same ``batch`` share one call ``batch(ops, token)``
+    whose reply is one status per op (tracked jobs' completions)."""
 
 
 @dataclass(slots=True)
@@ -196,9 +199,12 @@ class Settler:
     def _build(self, batch: list[SettleOp]) -> list[_Sent]:
         ctx = self.ctx
         grouped: dict[tuple[Kind, int], list[SettleOp]] = {}
+        custom: dict[tuple[Any, int], list[SettleOp]] = {}
         sent: list[_Sent] = []
         for op in batch:
-            if op.build is not None:
+            if op.batch is not None:
+                custom.setdefault((op.batch, op.shard.index), []).append(op)
+            elif op.build is not None:
                 sent.append(_Sent(op.build(new_token()), [op], batched=False))
             else:
                 grouped.setdefault((op.kind, op.shard.index), []).append(op)
@@ -207,6 +213,8 @@ class Settler:
             call = wrap(group_ops[0].shard, ctx.group, ctx.consumer,
                         [o.entry_id for o in group_ops], token=new_token())
             sent.append(_Sent(call, group_ops, batched=True))
+        for (make, _), group_ops in custom.items():
+            sent.append(_Sent(make(group_ops, new_token()), group_ops, batched=True))
         return sent
 
     async def _flush(self) -> bool:

@@ -36,6 +36,7 @@ from streamq.runtime.renewal import HeldEntries, LockRenewer
 from streamq.runtime.settle import SettleOp, Settler, Status
 from streamq.runtime.supervise import RedisStatus, Supervisor
 from streamq.runtime.tenancy import TenantGate
+from streamq.runtime.tracking import Tracker
 from streamq.tenants import TenantControl
 
 __all__ = ["Worker", "stop_tasks"]
@@ -105,10 +106,12 @@ class Worker:
         self.settler = Settler(ctx, on_settled=self._settled, on_error=self._redis_error,
                                on_ok=self._flushed, delay_s=options.settle_delay_s,
                                batch_target=options.concurrency * per_slot)
+        self.tracker = Tracker(ctx)
         self.renewer = LockRenewer(
             renew_client, self.held, queue=lane.name, group=group, consumer=consumer,
             interval_s=options.lock_renew_interval_ms / 1000,
             on_lost=self._lost_from_thread, on_error=self._renew_failed_from_thread,
+            riders=self.tracker.riders,
         )
         closing = self._is_closing
         contract = lane.contract
@@ -118,10 +121,11 @@ class Worker:
                         if contract.tenant_field and contract.secondary else None)
         self.runner = JobRunner(ctx, registration, self.pool, submit=self.settler.submit,
                                 extend_lock=self.renewer.renew_now, gate=self.gate,
-                                tenants=self.tenants)
+                                tenants=self.tenants, tracker=self.tracker)
         self.promoter = Promoter(ctx, on_ok=self.status.ok, closing=closing)
         self.reclaimer = Reclaimer(ctx, self.intake, self.held, on_lost=self._mark_lost,
-                                   is_paused=self.pause, closing=closing)
+                                   is_paused=self.pause, closing=closing,
+                                   on_finals=self.tracker.write_finals)
         self.heartbeat = heartbeat.Heartbeat(ctx, on_ok=self.status.ok, closing=closing)
         self.readers: list[Reader] = []
         self.dispatcher = Dispatcher(

@@ -15,16 +15,21 @@ from importlib import resources
 __all__ = ["SCRIPT_NAMES", "Script", "script"]
 
 SCRIPT_NAMES = (
+    "cancel",
     "complete",
+    "complete_tracked",
+    "control",
     "dead_retry",
     "drop_consumer",
     "enqueue",
     "fail",
+    "job_status",
     "lease_acquire",
     "lease_fenced_set",
     "lease_release",
     "lease_renew",
     "limiter",
+    "progress",
     "promote",
     "reclaim",
     "release",
@@ -34,6 +39,8 @@ SCRIPT_NAMES = (
     "tenant_flags",
     "tenant_slot_acquire",
     "tenant_slot_renew",
+    "settle_tracked",
+    "track_final",
 )
 
 

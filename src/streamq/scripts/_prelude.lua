@@ -50,3 +50,22 @@ end
 local function id_ms(id)
   return string.match(id, '^(%d+)')
 end
+
+-- A tracked job's 'ctl' field (streamq.jobstatus) among an entry's flat fields, or nil. The
+-- envelope's own eight fields come first, so untracked entries cost no loop at all.
+local function ctl_of(fields)
+  for i = 17, #fields, 2 do
+    if fields[i] == 'ctl' then return fields[i + 1] end
+  end
+  return nil
+end
+
+-- A tracked job's final record (completed, cancelled, dead): one JSON element in a list that
+-- expires after `keep` ms, so a waiter can block on it (BLMOVE). Under maxmemory the write
+-- may be refused: the settle still goes through (pcall), only the record is missing.
+local function write_final(final, record, keep)
+  redis.call('DEL', final)
+  if keep > 0 and pcall(redis.call, 'RPUSH', final, cjson.encode(record)) then
+    redis.call('PEXPIRE', final, keep)
+  end
+end

@@ -18,13 +18,18 @@
 -- XAUTOCLAIM itself is never refused under maxmemory; a refused dead letter (stalled, or a
 -- 6.2 lost payload) leaves its entry pending for this reclaimer, to be tried again later.
 --
--- KEYS[1]  stream    KEYS[2]  dead stream    KEYS[3]  starts hash
+-- A tracked job (a 'ctl' field) dead-lettered as stalled leaves the tracked hash here; its
+-- final record key cannot be named in advance, so the caller writes it (track_final) from
+-- the fifth element of the reply.
+--
+-- KEYS[1]  stream    KEYS[2]  dead stream    KEYS[3]  starts hash    KEYS[4]  tracked hash
 -- ARGV[1]  group     ARGV[2]  consumer (the reclaimer)    ARGV[3]  min idle ms
 -- ARGV[4]  start cursor    ARGV[5]  count: the most entries to claim (the caller's free slots)
 -- ARGV[6]  max stalled count    ARGV[7]  dead-letter cap (approximate MAXLEN; 0 = uncapped)
 --
--- Returns: {next cursor, {id, fields, starts, ...} to start now, {stalled ids}, {lost ids}}
-local stream, dead, starts = KEYS[1], KEYS[2], KEYS[3]
+-- Returns: {next cursor, {id, fields, starts, ...} to start now, {stalled ids}, {lost ids},
+--   {job id, keep ms, job name, attempt, error, ...} of the stalled ids that were tracked}
+local stream, dead, starts, tracked = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer = ARGV[1], ARGV[2]
 local max_stalled = tonumber(ARGV[6])
 local cap = tonumber(ARGV[7])
@@ -39,7 +44,7 @@ local function bury(fields)
   end
   return (pcall(redis.call, 'XADD', dead, '*', unpack(fields)))
 end
-local run, stalled, lost = {}, {}, {}
+local run, stalled, lost, finals = {}, {}, {}, {}
 local function lose(id)
   return bury({'reason', 'lost_payload', 'entry', id, 'error', 'entry deleted while pending'})
 end
@@ -103,6 +108,18 @@ for _, e in ipairs(r[2]) do
         redis.call('XDEL', stream, id)
         redis.call('HDEL', starts, id)
         stalled[#stalled + 1] = id
+        if ctl_of(fields) then
+          local cur = redis.call('HGET', tracked, fields[4])
+          local rec = cur and cjson.decode(cur)
+          if rec and rec.e == id then
+            redis.call('HDEL', tracked, fields[4])
+            finals[#finals + 1] = fields[4]
+            finals[#finals + 1] = rec.k or 0
+            finals[#finals + 1] = fields[6]
+            finals[#finals + 1] = fields[10]
+            finals[#finals + 1] = 'job stalled ' .. tostring(s) .. ' time(s)'
+          end
+        end
       end
     else
       pcall(redis.call, 'HSET', starts, id, s + 1)
@@ -121,4 +138,4 @@ if r[3] then
     lost[#lost + 1] = id
   end
 end
-return {r[1], run, stalled, lost}
+return {r[1], run, stalled, lost, finals}

@@ -5,7 +5,11 @@
 -- records it as a lost payload; acking it here would drop it without a trace.
 -- A re-sent call (same token) returns the first send's reply.
 --
+-- A tracked job (a 'ctl' field) whose location record names the old entry is re-pointed at
+-- the new one, as waiting again (its consumer, start and progress are dropped).
+--
 -- KEYS[1]  stream    KEYS[2]  starts hash    KEYS[3]  this call's memo (settled:<token>)
+-- KEYS[4]  tracked hash
 -- ARGV[1]  group     ARGV[2]  consumer       ARGV[3]  memo lifetime ms
 -- ARGV[4..]  entry ids
 --
@@ -15,7 +19,7 @@
 -- (left pending for the reclaimer to record).
 -- Under maxmemory (noeviction) the re-adds are refused: the call fails with nothing changed
 -- (every XADD runs before any XACK/XDEL) and the entries are reclaimed after lock expiry.
-local stream, starts, memo = KEYS[1], KEYS[2], KEYS[3]
+local stream, starts, memo, tracked = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, consumer = ARGV[1], ARGV[2]
 local before = redis.call('GET', memo)
 if before then return memo_decode(before) end
@@ -40,6 +44,15 @@ for i = 4, #ARGV do
       end
       added[#added + 1] = new_id
       moved[#moved + 1] = id
+      if ctl_of(fields) then
+        local cur = redis.call('HGET', tracked, fields[4])
+        local rec = cur and cjson.decode(cur)
+        if rec and rec.e == id then
+          -- pcall: the re-adds and acks must go through whatever happens to the record.
+          pcall(redis.call, 'HSET', tracked, fields[4],
+            cjson.encode({e = new_id, k = rec.k, x = rec.x}))
+        end
+      end
     else
       s = GONE
     end
