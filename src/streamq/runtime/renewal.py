@@ -80,17 +80,17 @@ class LockRenewer(threading.Thread):
         self.interval_s = interval_s
         self.on_lost = on_lost
         self.on_error = on_error
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._now = threading.Event()
         self.renewals = 0
 
     def run(self) -> None:
         wait = self.interval_s
         failures = 0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self._now.wait(wait)
             self._now.clear()
-            if self._stop.is_set():
+            if self._halt.is_set():
                 break
             try:
                 self.renew_once()
@@ -128,5 +128,5 @@ class LockRenewer(threading.Thread):
         self._now.set()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self._now.set()
