@@ -19,6 +19,7 @@ from streamq.errors import (
     PayloadError,
     PayloadTooLarge,
     PermanentError,
+    PermissionsMissing,
     RateLimited,
     RedisOutOfMemory,
     RedisRefused,
@@ -45,6 +46,7 @@ from streamq.schedules import (
     SyncSchedules,
 )
 from streamq.tenants import TenantFlag
+from streamq.tls import TLSConfig, connect, connect_sync
 
 __version__ = "0.1.0"
 
@@ -78,6 +80,7 @@ __all__ = [
     "PayloadError",
     "PayloadTooLarge",
     "PermanentError",
+    "PermissionsMissing",
     "ProcessorOptions",
     "Queue",
     "QueueAdmin",
@@ -103,6 +106,7 @@ __all__ = [
     "SyncQueue",
     "SyncQueueAdmin",
     "SyncSchedules",
+    "TLSConfig",
     "TenantFlag",
     "UnknownJob",
     "UnsafeRedisConfig",
@@ -111,6 +115,8 @@ __all__ = [
     "__version__",
     "assert_compatible",
     "check_compatible",
+    "connect",
+    "connect_sync",
     "job",
     "snapshot",
 ]

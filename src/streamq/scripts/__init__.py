@@ -15,6 +15,7 @@ from importlib import resources
 __all__ = ["SCRIPT_NAMES", "Script", "script"]
 
 SCRIPT_NAMES = (
+    "acl_check",
     "complete",
     "dead_retry",
     "drop_consumer",
