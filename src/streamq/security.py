@@ -204,12 +204,15 @@ def _username(client: Any) -> str | None:
 
 
 def _refused_name(reply: str) -> str | None:
-    """What a NOPERM reply names, in ACL syntax: ``+evalsha`` or ``~<key>``."""
+    """What a NOPERM reply names, in ACL syntax: ``+evalsha``, ``~<key>``, or ``~`` for
+    "one of the keys" (a script's KEYS)."""
     m = re.search(r"to run the '([^']+)' command", reply)
     if m:
         return f"+{m[1]}"
     m = re.search(r"to access the '([^']+)' key", reply)
-    return f"~{m[1]}" if m else None
+    if m:
+        return f"~{m[1]}"
+    return "~" if "to access one of the keys" in reply else None
 
 
 def _denial(name: str, reply: str, prefix: str) -> str:

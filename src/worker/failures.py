@@ -31,6 +31,7 @@ from streamq.errors import (
     ContractError,
     ForeignConsumerGroup,
     IncompatibleContract,
+    PermissionsMissing,
     RedisRefused,
     RedisUnavailable,
     RegistrationError,
@@ -150,6 +151,10 @@ def _typed(exc: BaseException, s: Settings) -> Failure | None:
             message += (f" (this worker's group: WORKER_GROUP={s.worker_group!r}; use the "
                         "group the other workers use, or remove the other group)")
         return Failure(EXIT_USAGE, message, "WORKER_GROUP")
+    if isinstance(exc, PermissionsMissing):
+        return Failure(EXIT_USAGE,
+                       f"{_line(exc)} (the ACL user is the one of REDIS_URL; docs/security.md "
+                       "shows every role's rules)", "REDIS_URL")
     if isinstance(exc, RedisRefused):
         return Failure(EXIT_USAGE,
                        f"Redis refused a call for good: {_line(exc)}; fix the access REDIS_URL "
