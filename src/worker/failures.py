@@ -153,7 +153,7 @@ def _typed(exc: BaseException, s: Settings) -> Failure | None:
         return Failure(EXIT_USAGE, message, "WORKER_GROUP")
     if isinstance(exc, PermissionsMissing):
         return Failure(EXIT_USAGE,
-                       f"{_line(exc)} (the ACL user is the one of REDIS_URL; docs/security.md "
+                       f"{_line(exc)} (the user is the ACL user of REDIS_URL; docs/security.md "
                        "shows every role's rules)", "REDIS_URL")
     if isinstance(exc, RedisRefused):
         return Failure(EXIT_USAGE,
