@@ -101,6 +101,9 @@ def _refusal(exc: BaseException, s: Settings, where: str) -> Failure | None:
     """A refusal Redis gave at connection time, from its text anywhere in the chain."""
     for e in _chain(exc):
         text = " ".join(str(e).split())
+        tls = _tls_refusal(text, where)
+        if tls is not None:
+            return tls
         if "Cluster mode is not enabled" in text:
             return Failure(EXIT_USAGE,
                            f"REDIS_CLUSTER=true but {where} is not a Redis Cluster node "
@@ -137,6 +140,25 @@ def _refusal(exc: BaseException, s: Settings, where: str) -> Failure | None:
                            f"a key under REDIS_PREFIX ({s.redis_prefix!r}) holds another type "
                            f"of value ({text}); another application uses this prefix: give "
                            "the queues their own REDIS_PREFIX", "REDIS_PREFIX")
+    return None
+
+
+def _tls_refusal(text: str, where: str) -> Failure | None:
+    """A TLS handshake that failed for a reason the configuration must fix."""
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        if "mismatch" in text or "not valid for" in text:
+            return Failure(EXIT_USAGE,
+                           f"{where} presented a TLS certificate for another host name "
+                           f"({text}); use a REDIS_URL host the certificate names",
+                           "REDIS_URL")
+        return Failure(EXIT_USAGE,
+                       f"{where} presented a TLS certificate that cannot be verified "
+                       f"({text}); set REDIS_TLS_CA_FILE to the CA that signed it",
+                       "REDIS_TLS_CA_FILE")
+    if "certificate required" in text or "CERTIFICATE_REQUIRED" in text:
+        return Failure(EXIT_USAGE,
+                       f"{where} requires a client certificate (mutual TLS): set "
+                       "REDIS_TLS_CERT_FILE (and REDIS_TLS_KEY_FILE)", "REDIS_TLS_CERT_FILE")
     return None
 
 
