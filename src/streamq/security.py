@@ -29,6 +29,8 @@ import logging
 import re
 from typing import Any, Literal, get_args
 
+import redis
+import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from streamq._redis import Call, map_error, run_calls
@@ -42,6 +44,7 @@ from streamq.keys import check_prefix
 from streamq.scripts import script
 
 __all__ = [
+    "CLUSTER_COMMANDS",
     "COMMANDS",
     "ROLES",
     "ROLE_COMMANDS",
@@ -51,6 +54,7 @@ __all__ = [
     "acl_setuser",
     "check_permissions",
     "missing_permissions",
+    "role_commands",
 ]
 
 _log = logging.getLogger("streamq.security")
@@ -108,6 +112,9 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "incr": (_K,),
     "pexpire": (_K, "1000"),
     "pttl": (_K,),
+    # a Redis Cluster client: the slot map, and the command table it finds keys with
+    "cluster|slots": (),
+    "command": (),
 }
 """Every command streamq sends, in ACL syntax, with the arguments a permission probe uses
 (the key is a probe key under the prefix; no probe runs a command)."""
@@ -131,6 +138,10 @@ _OPERATOR = frozenset({
     "hset", "hget", "hmget", "hdel", "hgetall",
 })
 
+CLUSTER_COMMANDS = frozenset({"cluster|slots", "command"})
+"""What every role needs besides its own commands on a Redis Cluster: redis-py's cluster
+client reads the slot map (``CLUSTER SLOTS``) and the command table (``COMMAND``)."""
+
 ROLE_COMMANDS: dict[Role, frozenset[str]] = {
     "producer": _PRODUCER,
     "worker": _WORKER,
@@ -153,11 +164,18 @@ def _role(role: str) -> Role:
     return role
 
 
-def acl_rules(role: Role, *, prefix: str) -> list[str]:
+def role_commands(role: Role, *, cluster: bool = False) -> frozenset[str]:
+    """The commands ``role`` needs, plus :data:`CLUSTER_COMMANDS` on a Redis Cluster."""
+    commands = ROLE_COMMANDS[_role(role)]
+    return commands | CLUSTER_COMMANDS if cluster else commands
+
+
+def acl_rules(role: Role, *, prefix: str, cluster: bool = False) -> list[str]:
     """The ACL rules of ``role`` for the keys under ``prefix``, as ``ACL SETUSER`` words.
 
     They start from nothing (``resetkeys``, ``resetchannels``, ``-@all``) so they can be
-    applied to an existing user; the password and ``on`` are the caller's.
+    applied to an existing user; the password and ``on`` are the caller's. ``cluster=True``
+    adds what a Redis Cluster client needs (:data:`CLUSTER_COMMANDS`).
 
     Example::
 
@@ -167,38 +185,44 @@ def acl_rules(role: Role, *, prefix: str) -> list[str]:
     Raises:
         ConfigurationError: unknown role, or a prefix streamq refuses.
     """
-    commands = sorted(ROLE_COMMANDS[_role(role)])
+    commands = sorted(role_commands(role, cluster=cluster))
     return ["resetkeys", acl_key_pattern(prefix), "resetchannels", "-@all",
             *(f"+{c}" for c in commands)]
 
 
-def acl_setuser(role: Role, *, prefix: str, user: str, password: str = "PASSWORD") -> str:
+def acl_setuser(
+    role: Role, *, prefix: str, user: str, password: str = "PASSWORD", cluster: bool = False
+) -> str:
     """One ``ACL SETUSER`` line creating (or resetting) ``user`` with ``role``'s rules.
 
     ``password`` defaults to a placeholder to replace; the line is what ``docs/security.md``
     shows.
     """
     return " ".join(["ACL", "SETUSER", user, "reset", "on", f">{password}",
-                     *acl_rules(role, prefix=prefix)])
+                     *acl_rules(role, prefix=prefix, cluster=cluster)])
 
 
 def _probe_key(prefix: str) -> str:
     return f"{prefix}:{{streamq-permission-check}}:probe"
 
 
-def _probes(role: Role, prefix: str) -> list[tuple[str, list[str]]]:
+def _probes(role: Role, prefix: str, cluster: bool) -> list[tuple[str, list[str]]]:
     key = _probe_key(prefix)
     out: list[tuple[str, list[str]]] = []
-    for name in sorted(ROLE_COMMANDS[role]):
+    for name in sorted(role_commands(role, cluster=cluster)):
         args = [key if a == _K else a for a in COMMANDS[name]]
         out.append((name, [*name.split("|"), *args]))
     return out
 
 
+def _is_cluster(client: Any) -> bool:
+    return isinstance(client, aioredis.RedisCluster | redis.RedisCluster)
+
+
 def _username(client: Any) -> str | None:
     """The ACL user a plain client logs in as (``default`` without one); None on a cluster."""
     pool = getattr(client, "connection_pool", None)
-    if pool is None:
+    if pool is None or _is_cluster(client):
         return None
     return str(pool.connection_kwargs.get("username") or "default")
 
@@ -222,7 +246,7 @@ def _denial(name: str, reply: str, prefix: str) -> str:
 
 async def _dryrun(client: Any, user: str, role: Role, prefix: str) -> list[str] | None:
     """Missing permissions by ``ACL DRYRUN``; None when this user may not run it."""
-    probes = _probes(role, prefix)
+    probes = _probes(role, prefix, cluster=False)
     pipe = client.pipeline(transaction=False)
     for _, words in probes:
         pipe.execute_command("ACL", "DRYRUN", user, *words)
@@ -248,7 +272,7 @@ async def _dryrun(client: Any, user: str, role: Role, prefix: str) -> list[str] 
 
 async def _by_script(client: Any, role: Role, prefix: str) -> list[str] | None:
     """Missing permissions by the ``acl_check`` script; None before Redis 7."""
-    probes = _probes(role, prefix)
+    probes = _probes(role, prefix, cluster=_is_cluster(client))
     args: list[str | int] = []
     for _, words in probes:
         args += [len(words), *words]
@@ -276,7 +300,8 @@ async def missing_permissions(
 ) -> list[str] | None:
     """The permissions ``role`` needs that the client's ACL user lacks (empty: none).
 
-    Asks ``ACL DRYRUN`` when the user may run it, otherwise a script calling
+    On a cluster client :data:`CLUSTER_COMMANDS` are checked too. Asks ``ACL DRYRUN`` when
+    the user may run it (not on a cluster), otherwise a script calling
     ``redis.acl_check_cmd`` (which needs only ``EVALSHA`` and ``SCRIPT LOAD``, both in every
     role): either way nothing is run, not even on the probe key. Returns None when the
     server cannot tell (Redis before 7.0). Each item is in ACL syntax: ``"+xautoclaim"``,

@@ -101,6 +101,14 @@ def _refusal(exc: BaseException, s: Settings, where: str) -> Failure | None:
     """A refusal Redis gave at connection time, from its text anywhere in the chain."""
     for e in _chain(exc):
         text = " ".join(str(e).split())
+        if "'cluster|slots' command" in text or "'command' command" in text:
+            # redis-py's cluster client then says "Cluster mode is not enabled": not so.
+            return Failure(EXIT_USAGE,
+                           f"{where} refused the ACL user of REDIS_URL a command a cluster "
+                           f"client needs ({text}); grant +cluster|slots and +command "
+                           "besides the worker role's (docs/security.md)", "REDIS_URL")
+    for e in _chain(exc):
+        text = " ".join(str(e).split())
         tls = _tls_refusal(text, where)
         if tls is not None:
             return tls
