@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from pydantic import BaseModel
 
@@ -24,6 +25,7 @@ from streamq import (
     RedisRefused,
     RunnerContext,
     Schedules,
+    SyncQueue,
     WorkerManager,
     job,
 )
@@ -75,12 +77,17 @@ async def test_the_producer_role_adds_ready_delayed_bulk_and_deduplicated_jobs(
         await q.for_key("tenant-a").add(Sec.work, Work(n=4))
     finally:
         await client.aclose()
+    with redis.Redis.from_url(url) as sync:
+        sq = SyncQueue(Sec, sync, prefix=prefix)
+        sq.add(Sec.work, Work(n=5))
+        sq.add(Sec.work, Work(n=6), delay=60_000, job_id="later")
+        sq.add_bulk([JobRequest(Sec.work, Work(n=7))])
     assert first == again == "once"
     assert len(ids) == 10
     qk = QueueKeys(prefix, "sec", 2)
     ready = sum([await admin.xlen(s.stream) for s in qk.shards])
     delayed = sum([await admin.zcard(s.delayed) for s in qk.shards])
-    assert (ready, delayed) == (13, 1)
+    assert (ready, delayed) == (15, 2)
     assert await denials(admin, url) == []
 
 
