@@ -70,7 +70,7 @@ async def test_the_producer_role_adds_ready_delayed_bulk_and_deduplicated_jobs(
     q = Queue(Sec, client, prefix=prefix)
     try:
         await q.add(Sec.work, Work(n=1))
-        await q.add(Sec.work, Work(n=2), delay=60_000)
+        await q.add(Sec.work, Work(n=2), delay=60)
         first = await q.add(Sec.work, Work(n=3), job_id="once")
         again = await q.add(Sec.work, Work(n=3), job_id="once")
         ids = await q.add_bulk([JobRequest(Sec.work, Work(n=i)) for i in range(10, 20)])
@@ -80,7 +80,7 @@ async def test_the_producer_role_adds_ready_delayed_bulk_and_deduplicated_jobs(
     with redis.Redis.from_url(url) as sync:
         sq = SyncQueue(Sec, sync, prefix=prefix)
         sq.add(Sec.work, Work(n=5))
-        sq.add(Sec.work, Work(n=6), delay=60_000, job_id="later")
+        sq.add(Sec.work, Work(n=6), delay=60, job_id="later")
         sq.add_bulk([JobRequest(Sec.work, Work(n=7))])
     assert first == again == "once"
     assert len(ids) == 10
@@ -163,7 +163,7 @@ async def test_the_worker_role_processes_retries_dead_letters_reclaims_and_promo
         await q.add(Sec.work, Work(n=1))
         await q.add(Sec.work, Work(n=2, mode="flaky"))
         await q.add(Sec.work, Work(n=3, mode="poison"))
-        await q.add(Sec.work, Work(n=4), delay=200)
+        await q.add(Sec.work, Work(n=4), delay=0.2)
         await wait_until(lambda: {n for n, _ in seen} >= {1, 2, 3, 4, 100}, timeout_s=20,
                          what="every job run")
         await wait_until(lambda: (2, 2) in seen, timeout_s=10, what="the retry")

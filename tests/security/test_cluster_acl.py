@@ -76,7 +76,7 @@ async def test_every_role_works_on_a_cluster_with_its_rules(
         await m.start()
         q = Queue(Sec, producer, prefix=prefix)
         for n in range(6):
-            await q.for_key(f"k{n}").add(Sec.work, Work(n=n), delay=100 if n % 2 else None)
+            await q.for_key(f"k{n}").add(Sec.work, Work(n=n), delay=0.1 if n % 2 else None)
         await wait_until(lambda: sorted(ran) == list(range(6)), timeout_s=20,
                          what="the jobs on the cluster")
         await m.run_until_idle(10)

@@ -207,7 +207,7 @@ async def test_two_prefixes_on_one_redis_never_touch_each_others_keys(
         for tag, q in producers.items():
             base = 100 if tag == "b" else 0
             for n in range(1, 11):
-                await q.add(Orders.place, Order(n=base + n), delay=100 if n % 4 == 0 else None)
+                await q.add(Orders.place, Order(n=base + n), delay=0.1 if n % 4 == 0 else None)
         await wait_until(lambda: set(ran["a"]) == set(range(1, 11))
                          and set(ran["b"]) == set(range(101, 111)), timeout_s=20,
                          what="both apps' jobs")
