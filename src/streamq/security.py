@@ -133,7 +133,8 @@ _WORKER = _PRODUCER | frozenset({
 })
 _OPERATOR = frozenset({
     "ping", "time", "multi", "exec", "discard", "evalsha", "script|load",
-    "xlen", "xpending", "xinfo|consumers", "xrange", "xrevrange", "xdel", "xtrim", "xadd",
+    "xlen", "xpending", "xinfo|groups", "xinfo|consumers", "xrange", "xrevrange", "xdel",
+    "xtrim", "xadd",
     "zcard", "zscore",
     "hset", "hget", "hmget", "hdel", "hgetall",
 })
