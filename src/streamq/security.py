@@ -125,6 +125,7 @@ _PRODUCER = frozenset({
     "set", "zadd", "hset",       # enqueue.lua: dedup marker, delayed job; the fingerprint
 })
 _WORKER = _PRODUCER | frozenset({
+    "multi", "exec", "discard",  # health reads a lane's depth as one snapshot
     "xreadgroup", "xgroup|create", "xgroup|delconsumer", "xinfo|groups", "xinfo|consumers",
     "xpending", "xack", "xdel", "xclaim", "xautoclaim", "xrange", "xlen",
     "zrange", "zrangebyscore", "zrem", "zcard", "zmscore",

@@ -4,6 +4,7 @@ swallows would show), and an operation outside the role fails naming what is mis
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,8 +31,10 @@ from streamq import (
     job,
 )
 from streamq.keys import QueueKeys, RunnerKeys
+from tests.entrypoint.helpers import WorkerProcess, clean_env, http_get, wait_for
 from tests.runtime.support import wait_until
 from tests.security.conftest import MakeUser
+from tests.support.redis_server import RedisServer, free_port
 
 
 class Work(BaseModel):
@@ -259,3 +262,34 @@ def test_the_operator_cli_works_with_the_operator_user(
 
 
 CONTRACTS = ContractSet(Sec)
+
+
+def test_python_m_worker_runs_with_the_worker_user_metrics_and_health_included(
+    acl_server: RedisServer, make_user: MakeUser, prefix: str, tmp_path: Path
+) -> None:
+    from tests.entrypoint.sample_app import Chores, Note
+
+    url = make_user("worker", prefix)
+    port = free_port()
+    env = clean_env(WORKER_APP="tests.entrypoint.sample_app:app", REDIS_URL=url,
+                    REDIS_PREFIX=prefix, QUEUE_CONSUMER_NOTES_IS_ENABLED="true",
+                    QUEUE_CONSUMER_CHORES_IS_ENABLED="true", METRICS_PORT=str(port),
+                    LOG_FORMAT="json")
+    w = WorkerProcess(env, tmp_path / "worker.log")
+    admin = redis.Redis(port=acl_server.port)
+    try:
+        w.wait_consuming(60)
+        SyncQueue(Chores, admin, prefix=prefix).add(Chores.chore, Note(n=1))
+        wait_for(lambda: w.logged("chore done"), 30, "the chore")
+        for path in ("/metrics", "/healthz", "/readyz"):
+            status, body = http_get(port, path)
+            assert status == 200, (path, body)
+        assert "streamq_queue_dead{" in http_get(port, "/metrics")[1]
+        assert w.terminate() == 0
+    finally:
+        w.kill()
+    user = user_of(url)
+    refused = {f"{e['reason']} {e['object']}" for e in admin.acl_log()
+               if e.get("username") == user}
+    admin.close()
+    assert refused <= EXPECTED, refused
