@@ -313,14 +313,19 @@ async def missing_permissions(
         client: an async ``redis.asyncio.Redis`` or ``RedisCluster``.
         role: ``"producer"``, ``"worker"`` or ``"operator"``.
         prefix: the key prefix the role works under.
-        user: the ACL user to check with ``ACL DRYRUN`` (default: the client's own).
+        user: the ACL user to check with ``ACL DRYRUN`` (default: the client's own). For
+            another user than the client's, only ``ACL DRYRUN`` can tell: without it the
+            answer is None.
     """
     role = _role(role)
-    who = user or _username(client)
+    own = _username(client)
+    who = user or own
     if who is not None:
         missing = await _dryrun(client, who, role, prefix)
         if missing is not None:
             return missing
+    if user is not None and user != own:
+        return None  # the script can only answer for the client's own user
     return await _by_script(client, role, prefix)
 
 

@@ -28,8 +28,11 @@ __all__ = ["TLSConfig", "check_tls_url", "connect", "connect_sync", "tls_options
 
 _log = logging.getLogger("streamq.tls")
 
-_UNVERIFIED = {"ssl_cert_reqs": {"none", "optional"}, "ssl_check_hostname": {"false", "0", "no",
-                                                                             "off", "n", "f"}}
+# URL options (redis-py reads them from the query string) that would weaken verification.
+_UNVERIFIED = {
+    "ssl_cert_reqs": {"none", "optional"},
+    "ssl_check_hostname": {"false", "0", "no", "off", "n", "f"},
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,3 +128,21 @@ def test_acl_rules_start_from_nothing_and_cover_only_the_prefix() -> None:
     line = acl_setuser("worker", prefix="myapp", user="myapp-worker", password="pw")
     assert line.startswith("ACL SETUSER myapp-worker reset on >pw resetkeys ~myapp:* ")
     assert QueueKeys("myapp", "q", 1).shards[0].stream.startswith("myapp:")
+
+
+async def test_another_users_permissions_are_told_by_acl_dryrun_or_not_at_all(
+    make_user: MakeUser, admin: aioredis.Redis, prefix: str
+) -> None:
+    other = make_user("producer", prefix)
+    other_user = other.split("//")[1].split(":")[0]
+    # The default user may run ACL DRYRUN: it can tell what the producer lacks as a worker.
+    missing = await missing_permissions(admin, "worker", prefix=prefix, user=other_user)
+    assert missing is not None
+    assert "+xreadgroup" in missing
+    # A worker user may not: its script probe answers only for itself, so no answer.
+    client = aioredis.Redis.from_url(make_user("worker", prefix))
+    try:
+        assert await missing_permissions(client, "worker", prefix=prefix,
+                                         user=other_user) is None
+    finally:
+        await client.aclose()
