@@ -249,11 +249,20 @@ def _denial(name: str, reply: str, prefix: str) -> str:
 async def _dryrun(client: Any, user: str, role: Role, prefix: str) -> list[str] | None:
     """Missing permissions by ``ACL DRYRUN``; None when this user may not run it."""
     probes = _probes(role, prefix, cluster=False)
+    try:
+        # One first: a least-privilege user is refused ACL DRYRUN, and each refusal costs a
+        # command and an ACL LOG update.
+        first = await client.execute_command("ACL", "DRYRUN", user, *probes[0][1])
+    except Exception as exc:
+        down = map_error(exc)
+        if isinstance(down, RedisUnavailable):
+            raise down from exc
+        return None  # no ACL DRYRUN for this user (NOPERM), or none on this server
     pipe = client.pipeline(transaction=False)
-    for _, words in probes:
+    for _, words in probes[1:]:
         pipe.execute_command("ACL", "DRYRUN", user, *words)
     try:
-        replies = await pipe.execute(raise_on_error=False)
+        replies = [first, *await pipe.execute(raise_on_error=False)]
     except Exception as exc:
         mapped = map_error(exc)
         if mapped is None or mapped is exc:
@@ -262,10 +271,10 @@ async def _dryrun(client: Any, user: str, role: Role, prefix: str) -> list[str] 
     missing: list[str] = []
     for (name, _), reply in zip(probes, replies, strict=True):
         if isinstance(reply, BaseException):
-            if isinstance(map_error(reply), RedisUnavailable):
-                raise map_error(reply) or reply
-            # No ACL DRYRUN for this user (NOPERM), or none on this server: ask the script.
-            return None
+            down = map_error(reply)
+            if isinstance(down, RedisUnavailable):
+                raise down from reply
+            return None  # a probe ACL DRYRUN cannot answer (a newer command): ask the script
         text = reply.decode() if isinstance(reply, bytes) else str(reply)
         if text != "OK":
             missing.append(_denial(name, text, prefix))
