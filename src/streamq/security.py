@@ -98,6 +98,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "zcard": (_K,),
     "zscore": (_K, "m"),
     "zmscore": (_K, "m"),
+    "zremrangebyscore": (_K, "-inf", "0"),
     # hashes: meta, jobs, starts, workers, limiter, schedules, leases
     "hset": (_K, "f", "v"),
     "hget": (_K, "f"),
@@ -109,6 +110,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "get": (_K,),
     "set": (_K, "v"),
     "del": (_K,),
+    "exists": (_K,),
     "incr": (_K,),
     "pexpire": (_K, "1000"),
     "pttl": (_K,),
@@ -123,16 +125,23 @@ _PRODUCER = frozenset({
     "ping", "time", "evalsha", "script|load",
     "xadd",                      # a ready job without a dedup id: one plain XADD
     "set", "zadd", "hset",       # enqueue.lua: dedup marker, delayed job; the fingerprint
+    "zrange", "hmget",           # tenant_flags.lua: the flagged tenants it routes
 })
-_WORKER = _PRODUCER | frozenset({
+# tenant_flag.lua: flag or unflag a tenant (a processor's job.flag_tenant, an operator)
+_TENANT_FLAG = frozenset({
+    "zadd", "zrange", "zrangebyscore", "zrem", "zremrangebyscore", "zscore",
+    "hset", "hget", "hdel", "del", "pexpire",
+})
+_WORKER = _PRODUCER | _TENANT_FLAG | frozenset({
     "multi", "exec", "discard",  # health reads a lane's depth as one snapshot
+    "exists",                    # tenant_slot_*.lua: the per-tenant concurrency cap
     "xreadgroup", "xgroup|create", "xgroup|delconsumer", "xinfo|groups", "xinfo|consumers",
     "xpending", "xack", "xdel", "xclaim", "xautoclaim", "xrange", "xlen",
     "zrange", "zrangebyscore", "zrem", "zcard", "zmscore",
     "hget", "hmget", "hdel", "hgetall", "hincrby",
     "get", "del", "incr", "pexpire", "pttl",
 })
-_OPERATOR = frozenset({
+_OPERATOR = _TENANT_FLAG | frozenset({
     "ping", "time", "multi", "exec", "discard", "evalsha", "script|load",
     "xlen", "xpending", "xinfo|groups", "xinfo|consumers", "xrange", "xrevrange", "xdel",
     "xtrim", "xadd",

@@ -4,6 +4,7 @@ swallows would show), and an operation outside the role fails naming what is mis
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,65 @@ def test_python_m_worker_runs_with_the_worker_user_metrics_and_health_included(
                if e.get("username") == user}
     admin.close()
     assert refused <= EXPECTED, refused
+
+
+# -- tenant flags and the per-tenant cap under the role ACLs ---------------------------------
+class Tenanted(BaseModel):
+    project: str
+    n: int
+
+
+class Tq(QueueContract, name="tq", secondary_shards=1, tenant_field="project"):
+    work = job("work", Tenanted)
+
+
+TENANT_CONTRACTS = ContractSet(Tq)
+
+
+async def test_tenant_flags_and_caps_work_under_each_roles_acl(
+    admin: aioredis.Redis, make_user: MakeUser, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from streamq.cli import main
+
+    urls = {role: make_user(role, prefix) for role in ("producer", "worker", "operator")}
+    ran: list[tuple[str, int, str]] = []
+    app = App([Tq])
+
+    @app.processor(Tq, block_timeout=0.1, tenant_concurrency=1, concurrency=4)
+    async def proc(j: Job[Tenanted]) -> None:
+        ran.append((j.payload.project, j.payload.n, j.queue))
+        if j.payload.n == 1:
+            await j.flag_tenant(60, reason="upstream 429")
+
+    m = WorkerManager(redis_url=urls["worker"], prefix=prefix)
+    m.register_app(app, queues=["tq", "tq-secondary"])
+    producer = aioredis.Redis.from_url(urls["producer"])
+    operator = aioredis.Redis.from_url(urls["operator"])
+    try:
+        await m.start()
+        q = Queue(Tq, producer, prefix=prefix, tenant_flags_staleness=0.05)
+        await q.add(Tq.work, Tenanted(project="noisy", n=1))
+        await wait_until(lambda: len(ran) == 1, what="the job that flags its tenant")
+        qa = QueueAdmin(operator, Tq, prefix=prefix)
+        await wait_until(lambda: _flagged(qa, ["noisy"]), what="the flag")
+        await qa.flag_tenant("other", 60, reason="backfill")
+        await asyncio.sleep(0.2)  # past the producer's flag staleness
+        for n in range(2, 5):
+            await q.add(Tq.work, Tenanted(project="noisy", n=n))
+        await wait_until(lambda: len(ran) == 4, what="the noisy tenant's later jobs")
+        assert {lane for p, n, lane in ran if n > 1} == {"tq-secondary"}
+        assert await qa.unflag_tenant("noisy")
+        base = ["--redis-url", urls["operator"], "--prefix", prefix, "--contracts",
+                "tests.security.test_acl_roles:TENANT_CONTRACTS"]
+        assert main([*base, "tenant", "list", "tq"]) == 0, capsys.readouterr()
+        assert "other" in capsys.readouterr().out
+    finally:
+        await m.close_workers(timeout_s=2)
+        await producer.aclose()
+        await operator.aclose()
+    for url in urls.values():
+        assert await denials(admin, url) == []
+
+
+async def _flagged(qa: QueueAdmin, tenants: list[str]) -> bool:
+    return [f.tenant for f in await qa.flagged_tenants()] == tenants
