@@ -24,6 +24,7 @@ from streamq.errors import (
     PayloadError,
     PayloadTooLarge,
     PermanentError,
+    PermissionsMissing,
     RateLimited,
     RedisOutOfMemory,
     RedisRefused,
@@ -52,6 +53,7 @@ from streamq.schedules import (
     SyncSchedules,
 )
 from streamq.tenants import TenantFlag
+from streamq.tls import TLSConfig, connect, connect_sync
 
 __version__ = "0.1.0"
 
@@ -92,6 +94,7 @@ __all__ = [
     "PayloadError",
     "PayloadTooLarge",
     "PermanentError",
+    "PermissionsMissing",
     "ProcessorOptions",
     "Queue",
     "QueueAdmin",
@@ -118,6 +121,7 @@ __all__ = [
     "SyncQueue",
     "SyncQueueAdmin",
     "SyncSchedules",
+    "TLSConfig",
     "TenantFlag",
     "UnknownJob",
     "UnsafeRedisConfig",
@@ -126,6 +130,8 @@ __all__ = [
     "__version__",
     "assert_compatible",
     "check_compatible",
+    "connect",
+    "connect_sync",
     "job",
     "snapshot",
 ]

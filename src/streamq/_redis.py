@@ -110,13 +110,16 @@ def refusal_code(exc: BaseException) -> str | None:
     return None
 
 
-def map_error(exc: BaseException, *, queue: str | None = None) -> StreamqError | None:
+def map_error(
+    exc: BaseException, *, queue: str | None = None, keys: Sequence[str] = ()
+) -> StreamqError | None:
     """The streamq error for a redis-py exception, or None when it is not one we translate.
 
     Connection failures and transient refusals (:data:`TRANSIENT_REFUSALS`: a replica that
     became read-only in a failover, ``min-replicas-to-write`` not met, a loading or busy
     server) are :class:`RedisUnavailable`: an outage that ends by itself. Refusals that
-    retrying cannot fix (:data:`PERMANENT_REFUSALS`) are :class:`RedisRefused`.
+    retrying cannot fix (:data:`PERMANENT_REFUSALS`) are :class:`RedisRefused`; a ``NOPERM``
+    about keys names ``keys`` (the call's), since Redis does not say which one it refused.
     """
     if isinstance(exc, StreamqError):
         return exc
@@ -132,8 +135,14 @@ def map_error(exc: BaseException, *, queue: str | None = None) -> StreamqError |
         return RedisUnavailable(f"Redis cannot serve the call now ({code}){where}: {exc}",
                                 queue=queue)
     if code in PERMANENT_REFUSALS:
-        return RedisRefused(f"Redis refused the call ({code}){where}: {exc}", queue=queue,
-                            reply=str(exc))
+        hint = ""
+        if code == "NOPERM":
+            if keys and "keys" in str(exc):
+                hint += f" (the call's keys: {', '.join(keys)})"
+            hint += ("; grant it to the ACL user (streamq.security.acl_rules lists what each "
+                     "role needs)")
+        return RedisRefused(f"Redis refused the call ({code}){where}: {exc}{hint}",
+                            queue=queue, reply=str(exc))
     return None
 
 
@@ -148,8 +157,8 @@ def _is_oom(exc: BaseException) -> bool:
     )
 
 
-def _raise_mapped(exc: BaseException, queue: str | None) -> None:
-    mapped = map_error(exc, queue=queue)
+def _raise_mapped(exc: BaseException, queue: str | None, keys: Sequence[str] = ()) -> None:
+    mapped = map_error(exc, queue=queue, keys=keys)
     if mapped is None or mapped is exc:
         raise exc
     raise mapped from exc
@@ -189,7 +198,7 @@ class _Batch:
         out: list[Any] = []
         for c, r in zip(self.calls, self.replies, strict=True):
             if isinstance(r, BaseException):
-                out.append(map_error(r, queue=self.queue) or r)
+                out.append(map_error(r, queue=self.queue, keys=c.keys) or r)
                 continue
             try:
                 out.append(c.parse(r))
@@ -198,9 +207,9 @@ class _Batch:
         return out
 
     def result(self) -> list[Any]:
-        for r in self.replies:
+        for c, r in zip(self.calls, self.replies, strict=True):
             if isinstance(r, BaseException):
-                _raise_mapped(r, self.queue)
+                _raise_mapped(r, self.queue, c.keys)
         return [c.parse(r) for c, r in zip(self.calls, self.replies, strict=True)]
 
 
@@ -218,7 +227,7 @@ async def _run_one(client: Any, c: Call, queue: str | None) -> Any:
             if _is_noscript(exc) and attempt + 1 < _ATTEMPTS:
                 await client.script_load(c.script.source)
                 continue
-            _raise_mapped(exc, queue)
+            _raise_mapped(exc, queue, c.keys)
         return c.parse(reply)
 
 
@@ -230,7 +239,7 @@ def _run_one_sync(client: Any, c: Call, queue: str | None) -> Any:
             if _is_noscript(exc) and attempt + 1 < _ATTEMPTS:
                 client.script_load(c.script.source)
                 continue
-            _raise_mapped(exc, queue)
+            _raise_mapped(exc, queue, c.keys)
         return c.parse(reply)
 
 

@@ -43,6 +43,7 @@ from streamq.contracts import ContractSet, Lane, QueueContract
 from streamq.deadletters import DeadLetter, SyncDeadLetters
 from streamq.errors import ConfigurationError, ContractError, RedisUnavailable, StreamqError
 from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX
+from streamq.tls import TLSConfig, connect_sync
 
 __all__ = ["main"]
 
@@ -86,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL)")
     p.add_argument("--cluster", action="store_true", help="connect to a Redis Cluster")
+    p.add_argument("--tls-ca-file", metavar="PEM",
+                   help="CA of the server's certificate, rediss:// (default: "
+                        "$REDIS_TLS_CA_FILE, else the system's CAs)")
+    p.add_argument("--tls-cert-file", metavar="PEM",
+                   help="client certificate for mutual TLS (default: $REDIS_TLS_CERT_FILE)")
+    p.add_argument("--tls-key-file", metavar="PEM",
+                   help="its private key, if a file of its own (default: $REDIS_TLS_KEY_FILE)")
+    p.add_argument("--tls-no-verify", action="store_true",
+                   help="do not verify the server's certificate (tests only; default: "
+                        "$REDIS_TLS_VERIFY=false)")
     p.add_argument("--prefix", default=DEFAULT_PREFIX,
                    help=f"key prefix (default: {DEFAULT_PREFIX})")
     p.add_argument("--group", default=DEFAULT_GROUP,
@@ -212,13 +223,35 @@ def masked(url: str) -> str:
         return url
 
 
-def connect(url: str, *, cluster: bool) -> Any:
+def tls_of(args: argparse.Namespace) -> TLSConfig | None:
+    """The TLS settings of the options, else of ``REDIS_TLS_*``; None when none is given."""
+    env = os.environ
+    ca = args.tls_ca_file or env.get("REDIS_TLS_CA_FILE")
+    cert = args.tls_cert_file or env.get("REDIS_TLS_CERT_FILE")
+    key = args.tls_key_file or env.get("REDIS_TLS_KEY_FILE")
+    raw_verify = env.get("REDIS_TLS_VERIFY")
+    verify = not args.tls_no_verify
+    if raw_verify is not None and not args.tls_no_verify:
+        low = raw_verify.strip().lower()
+        if low not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise UsageError(f"REDIS_TLS_VERIFY must be true or false, got {raw_verify!r}")
+        verify = low in ("true", "1", "yes", "on")
+    if ca is None and cert is None and key is None and verify:
+        return None
+    for name, path in (("--tls-ca-file", ca), ("--tls-cert-file", cert),
+                       ("--tls-key-file", key)):
+        if path is not None and not os.path.isfile(path):
+            raise UsageError(f"{name}: no such file: {path!r}")
+    return TLSConfig(ca_file=ca, cert_file=cert, key_file=key, verify=verify)
+
+
+def connect(url: str, *, cluster: bool, tls: TLSConfig | None = None) -> Any:
     kw: dict[str, Any] = {"socket_connect_timeout": 3, "socket_timeout": 10}
     try:
-        client = (
-            redis.RedisCluster.from_url(url, **kw) if cluster else redis.Redis.from_url(url, **kw)
-        )
+        client = connect_sync(url, tls=tls, cluster=cluster, **kw)
         client.ping()
+    except ConfigurationError:
+        raise
     except ValueError as exc:
         raise UsageError(f"invalid Redis URL {masked(url)!r}: {exc}") from exc
     except Exception as exc:
@@ -500,7 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         contracts = load_contracts(args.contracts)
         if getattr(args, "queue", None):
             lane_of(contracts, args.queue)
-        client = connect(url, cluster=args.cluster)
+        client = connect(url, cluster=args.cluster, tls=tls_of(args))
         try:
             return COMMANDS[args.command](args, client, contracts)
         finally:

@@ -15,6 +15,7 @@ The tree::
     ├── RedisUnavailable              Redis could not be reached or the connection broke
     ├── RedisOutOfMemory              Redis refused a write under ``maxmemory`` (noeviction)
     ├── RedisRefused                  Redis refused a command for good (NOPERM, WRONGTYPE, ...)
+    │   └── PermissionsMissing        the ACL user lacks commands or keys its role needs
     ├── UnsafeRedisConfig             Redis would silently drop queue keys (eviction policy)
     ├── RegistrationError             a processor or queue registration is invalid
     ├── StartupHookFailed             an ``@app.on_startup`` hook raised; no worker started
@@ -55,6 +56,7 @@ __all__ = [
     "PayloadError",
     "PayloadTooLarge",
     "PermanentError",
+    "PermissionsMissing",
     "RateLimited",
     "RedisOutOfMemory",
     "RedisRefused",
@@ -177,6 +179,20 @@ class RedisRefused(StreamqError):
     def __init__(self, message: str, *, queue: str | None = None, reply: str = "") -> None:
         super().__init__(message, queue=queue)
         self.reply = reply
+
+
+class PermissionsMissing(RedisRefused):
+    """Raised at a worker's start when its ACL user lacks permissions its role needs.
+
+    ``missing`` lists each one in ACL syntax (``"+xautoclaim"``, ``"~app:*"``), ``role``
+    names the role checked and ``user`` the ACL user; nothing was consumed.
+    """
+
+    def __init__(self, message: str, *, role: str, user: str, missing: list[str]) -> None:
+        super().__init__(message, reply="NOPERM")
+        self.role = role
+        self.user = user
+        self.missing = missing
 
 
 class UnsafeRedisConfig(StreamqError):

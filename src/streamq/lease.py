@@ -139,7 +139,7 @@ class LeaseKeeper(threading.Thread):
         self._token: int | None = None
         self._valid_until = 0.0
         self._spent = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._wake = threading.Event()
 
     # -- what others read ------------------------------------------------------------------
@@ -157,10 +157,10 @@ class LeaseKeeper(threading.Thread):
     def run(self) -> None:
         wait = 0.0
         failures = 0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self._wake.wait(self._bounded(wait))
             self._wake.clear()
-            if self._stop.is_set():
+            if self._halt.is_set():
                 break
             try:
                 wait = self._step()
@@ -260,5 +260,5 @@ class LeaseKeeper(threading.Thread):
 
     def stop(self) -> None:
         """Stop campaigning and renewing; the thread releases a lease it holds, then ends."""
-        self._stop.set()
+        self._halt.set()
         self._wake.set()

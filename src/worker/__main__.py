@@ -154,6 +154,7 @@ async def run(
     manager = WorkerManager(
         redis_url=url,
         cluster=settings.redis_cluster,
+        tls=settings.redis_tls,
         prefix=settings.redis_prefix,
         group=settings.worker_group,
         hooks=build_hooks(obs_config),

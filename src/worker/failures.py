@@ -31,6 +31,7 @@ from streamq.errors import (
     ContractError,
     ForeignConsumerGroup,
     IncompatibleContract,
+    PermissionsMissing,
     RedisRefused,
     RedisUnavailable,
     RegistrationError,
@@ -100,6 +101,17 @@ def _refusal(exc: BaseException, s: Settings, where: str) -> Failure | None:
     """A refusal Redis gave at connection time, from its text anywhere in the chain."""
     for e in _chain(exc):
         text = " ".join(str(e).split())
+        if "'cluster|slots' command" in text or "'command' command" in text:
+            # redis-py's cluster client then says "Cluster mode is not enabled": not so.
+            return Failure(EXIT_USAGE,
+                           f"{where} refused the ACL user of REDIS_URL a command a cluster "
+                           f"client needs ({text}); grant +cluster|slots and +command "
+                           "besides the worker role's (docs/security.md)", "REDIS_URL")
+    for e in _chain(exc):
+        text = " ".join(str(e).split())
+        tls = _tls_refusal(text, where)
+        if tls is not None:
+            return tls
         if "Cluster mode is not enabled" in text:
             return Failure(EXIT_USAGE,
                            f"REDIS_CLUSTER=true but {where} is not a Redis Cluster node "
@@ -139,6 +151,25 @@ def _refusal(exc: BaseException, s: Settings, where: str) -> Failure | None:
     return None
 
 
+def _tls_refusal(text: str, where: str) -> Failure | None:
+    """A TLS handshake that failed for a reason the configuration must fix."""
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        if "mismatch" in text or "not valid for" in text:
+            return Failure(EXIT_USAGE,
+                           f"{where} presented a TLS certificate for another host name "
+                           f"({text}); use a REDIS_URL host the certificate names",
+                           "REDIS_URL")
+        return Failure(EXIT_USAGE,
+                       f"{where} presented a TLS certificate that cannot be verified "
+                       f"({text}); set REDIS_TLS_CA_FILE to the CA that signed it",
+                       "REDIS_TLS_CA_FILE")
+    if "certificate required" in text or "CERTIFICATE_REQUIRED" in text:
+        return Failure(EXIT_USAGE,
+                       f"{where} requires a client certificate (mutual TLS): set "
+                       "REDIS_TLS_CERT_FILE (and REDIS_TLS_KEY_FILE)", "REDIS_TLS_CERT_FILE")
+    return None
+
+
 def _typed(exc: BaseException, s: Settings) -> Failure | None:
     """A streamq error that means the configuration must change."""
     if isinstance(exc, UnsafeRedisConfig):
@@ -150,6 +181,10 @@ def _typed(exc: BaseException, s: Settings) -> Failure | None:
             message += (f" (this worker's group: WORKER_GROUP={s.worker_group!r}; use the "
                         "group the other workers use, or remove the other group)")
         return Failure(EXIT_USAGE, message, "WORKER_GROUP")
+    if isinstance(exc, PermissionsMissing):
+        return Failure(EXIT_USAGE,
+                       f"{_line(exc)} (the user is the ACL user of REDIS_URL; docs/security.md "
+                       "shows every role's rules)", "REDIS_URL")
     if isinstance(exc, RedisRefused):
         return Failure(EXIT_USAGE,
                        f"Redis refused a call for good: {_line(exc)}; fix the access REDIS_URL "

@@ -27,6 +27,7 @@ from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX
 from streamq.options import Limiter
 from streamq.runners import RunnerConfig
 from streamq.schedules import SchedulerConfig, flag_name
+from streamq.tls import TLSConfig, check_tls_url
 from worker.loops import EVENT_LOOPS, EventLoop, uvloop_installed
 from worker.redis_url import check_redis_url
 
@@ -222,6 +223,7 @@ class Settings:
     redis_url: str | None
     redis_prefix: str = DEFAULT_PREFIX
     redis_cluster: bool = False
+    redis_tls: TLSConfig | None = None
     worker_group: str = DEFAULT_GROUP
     processes: int = 1
     event_loop: EventLoop = "auto"
@@ -278,6 +280,45 @@ class _Reader:
 
         result: str = self.get(name, parse, default)
         return result
+
+
+_TLS_FILES = ("REDIS_TLS_CA_FILE", "REDIS_TLS_CERT_FILE", "REDIS_TLS_KEY_FILE")
+
+
+def _pem_file(raw: str) -> str:
+    path = Path(raw.strip())
+    if not path.is_file():
+        raise ValueError(f"no such file: {str(path)!r}")
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    return str(path)
+
+
+def _tls_variables(r: _Reader, redis_url: str | None) -> TLSConfig | None:
+    """``REDIS_TLS_*`` as a :class:`TLSConfig` (None when none is set); every problem is
+    collected, and a TLS setting beside a plaintext (or no) ``REDIS_URL`` is one of them."""
+    ca, cert, key = (r.get(name, _pem_file, None) for name in _TLS_FILES)
+    verify = r.get("REDIS_TLS_VERIFY", parse_bool, True)
+    given = [n for n in (*_TLS_FILES, "REDIS_TLS_VERIFY") if n in r.env]
+    if key is not None and cert is None and "REDIS_TLS_CERT_FILE" not in r.env:
+        r.problems.append(("REDIS_TLS_KEY_FILE", "is set without REDIS_TLS_CERT_FILE, the "
+                                                 "client certificate it belongs to"))
+        return None
+    tls = TLSConfig(ca_file=ca, cert_file=cert, key_file=key, verify=verify) if given else None
+    if redis_url is None:
+        for name in given:
+            where = "" if "REDIS_URL" in r.env else " (no REDIS_URL: the embedded Redis)"
+            r.problems.append((name, f"needs a rediss:// REDIS_URL{where}"))
+        return None
+    try:
+        check_tls_url(redis_url, tls)
+    except ConfigurationError as exc:
+        plaintext = tls is not None and not redis_url.startswith("rediss")
+        r.problems.append((given[0] if plaintext else "REDIS_URL", str(exc)))
+    return tls
 
 
 def _match_lane(rest: str, lanes: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -392,6 +433,7 @@ def parse_settings(
     redis_url = r.get("REDIS_URL", lambda v: check_redis_url(v, cluster=cluster), None)
     if cluster and redis_url is None and "REDIS_URL" not in env:
         r.problems.append(("REDIS_CLUSTER", "needs REDIS_URL (the embedded Redis is one node)"))
+    redis_tls = _tls_variables(r, redis_url)
     queues, overrides = _queue_variables(env, lanes, r)
     scheduler_enabled = r.get("SCHEDULER_IS_ENABLED", parse_bool, True)
     disabled_schedules = _schedule_variables(env, schedules, r)
@@ -401,6 +443,7 @@ def parse_settings(
         redis_url=redis_url,
         redis_prefix=r.get("REDIS_PREFIX", str.strip, DEFAULT_PREFIX),
         redis_cluster=cluster,
+        redis_tls=redis_tls,
         worker_group=r.get("WORKER_GROUP", str.strip, DEFAULT_GROUP),
         processes=r.get("WORKER_PROCESSES", _processes, 1),
         event_loop=_event_loop(r),

@@ -76,7 +76,7 @@ def test_every_redis_url_problem_is_named_before_connecting(
 
 @pytest.mark.parametrize(
     "url",
-    ["redis://localhost", "redis://u:p@db.internal:6380/15", "rediss://h:6380/0?ssl_cert_reqs=none",
+    ["redis://localhost", "redis://u:p@db.internal:6380/15", "rediss://h:6380/0?ssl_cert_reqs=required",
      "unix:///run/redis.sock?db=2", "redis://[::1]:6379/1"],
 )
 def test_valid_redis_urls_are_kept_as_given(url: str) -> None:

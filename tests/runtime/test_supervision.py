@@ -150,7 +150,8 @@ async def test_a_permanent_refusal_fails_health_at_once_and_says_what_to_fix(
     async def proc(job: Job[Unit]) -> None: ...
 
     health = RedisHealth()
-    m = WorkerManager(redis_url=url, prefix=prefix, hooks=health)
+    # The start-up check would refuse this user at once: skip it to see the runtime path.
+    m = WorkerManager(redis_url=url, prefix=prefix, hooks=health, check_permissions=False)
     m.register_app(app)
     try:
         with caplog.at_level(logging.ERROR, logger="streamq.worker"):

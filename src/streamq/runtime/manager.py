@@ -24,6 +24,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
+from streamq import security
 from streamq._redis import map_error
 from streamq.app import App, Processor, Registration
 from streamq.contracts import Lane, QueueContract
@@ -42,6 +43,7 @@ from streamq.options import WorkerOptions
 from streamq.runtime.supervise import RedisStatus
 from streamq.runtime.worker import Worker
 from streamq.services import Service
+from streamq.tls import TLSConfig, check_tls_url, tls_options
 
 __all__ = ["WorkerManager"]
 
@@ -71,6 +73,11 @@ class WorkerManager:
             contract recorded in Redis by producers or other workers cannot be read by this
             worker's contract; when False the differences are logged at ERROR and the worker
             starts.
+        check_permissions: before consuming, check that the Redis ACL user has every
+            command and key the worker role needs (:func:`streamq.security.check_permissions`)
+            and refuse to start (``PermissionsMissing``) otherwise.
+        tls: TLS settings for a ``rediss://`` URL (:class:`streamq.TLSConfig`); certificates
+            are verified unless it says otherwise.
     """
 
     def __init__(
@@ -84,7 +91,10 @@ class WorkerManager:
         consumer_name: str | None = None,
         allow_unsafe_eviction: bool = False,
         refuse_incompatible_contract: bool = True,
+        check_permissions: bool = True,
+        tls: TLSConfig | None = None,
     ) -> None:
+        check_tls_url(redis_url, tls)
         self.redis_url = redis_url
         self.cluster = cluster
         self.prefix = prefix
@@ -93,6 +103,8 @@ class WorkerManager:
         self.consumer = consumer_name or default_consumer_name()
         self.allow_unsafe_eviction = allow_unsafe_eviction
         self.refuse_incompatible_contract = refuse_incompatible_contract
+        self.check_permissions = check_permissions
+        self.tls = tls
         self.redis_status = RedisStatus(self.hooks)
         self._pending: dict[str, tuple[Lane, Registration, WorkerOptions]] = {}
         self._services: list[Service] = []
@@ -223,7 +235,8 @@ class WorkerManager:
 
     # -- lifecycle -------------------------------------------------------------------------
     def _async_client(self, socket_timeout: float | None) -> Any:
-        kw: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": 5}
+        kw: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": 5,
+                              **tls_options(self.tls)}
         client = (
             aioredis.RedisCluster.from_url(self.redis_url, **kw)
             if self.cluster
@@ -233,7 +246,8 @@ class WorkerManager:
         return client
 
     def _sync_client(self) -> Any:
-        kw: dict[str, Any] = {"socket_timeout": 5, "socket_connect_timeout": 5}
+        kw: dict[str, Any] = {"socket_timeout": 5, "socket_connect_timeout": 5,
+                              **tls_options(self.tls)}
         client = (
             redis.RedisCluster.from_url(self.redis_url, **kw)
             if self.cluster
@@ -250,7 +264,8 @@ class WorkerManager:
             mapped = map_error(exc)
             if isinstance(mapped, RedisUnavailable):
                 raise mapped from exc
-            # CONFIG is often disabled on managed Redis: say so, and go on.
+            # CONFIG is often disabled on managed Redis, and a least-privilege ACL user has no
+            # CONFIG GET (it would read every setting, passwords included): say so, go on.
             _log.warning("cannot read maxmemory-policy; make sure it is noeviction",
                          extra={"error": repr(exc)})
             return
@@ -281,6 +296,8 @@ class WorkerManager:
         client = self._async_client(socket_timeout=10)
         try:
             await self.check_redis(client)
+            if self.check_permissions:
+                await security.check_permissions(client, "worker", prefix=self.prefix)
         except BaseException:
             await self.close_workers()  # no worker yet: closes the connection just opened
             raise

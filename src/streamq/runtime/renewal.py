@@ -84,17 +84,17 @@ class LockRenewer(threading.Thread):
         # Calls sent in the same round trip as each renewal, and what to do with each reply
         # (tracked jobs' control: streamq.runtime.tracking).
         self.riders = riders
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._now = threading.Event()
         self.renewals = 0
 
     def run(self) -> None:
         wait = self.interval_s
         failures = 0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self._now.wait(wait)
             self._now.clear()
-            if self._stop.is_set():
+            if self._halt.is_set():
                 break
             try:
                 self.renew_once()
@@ -137,5 +137,5 @@ class LockRenewer(threading.Thread):
         self._now.set()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self._now.set()

@@ -15,6 +15,7 @@ from importlib import resources
 __all__ = ["SCRIPT_NAMES", "Script", "script"]
 
 SCRIPT_NAMES = (
+    "acl_check",
     "cancel",
     "complete",
     "complete_tracked",
