@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import json
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,6 +29,7 @@ from typing import Any
 from streamq._schema_compat import Json, canonical_json, schema_diffs
 from streamq.contracts import ContractSet, JobSpec, QueueContract
 from streamq.errors import ContractError, IncompatibleContract, StreamqError
+from streamq.loader import load_object
 
 __all__ = ["FORMAT", "Change", "assert_compatible", "check_compatible", "main", "snapshot"]
 
@@ -325,16 +325,6 @@ def assert_compatible(old: Json, new: Json) -> list[Change]:
 # -- command line ----------------------------------------------------------------------------
 
 
-def _load(target: str) -> Any:
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise SystemExit(f"expected module:ATTRIBUTE, got {target!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``snapshot module:CONTRACTS`` prints a snapshot; ``check old.json new.json`` prints
     each change and returns 1 when any is breaking."""
@@ -348,9 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "snapshot":
-            if "" not in sys.path:
-                sys.path.insert(0, "")  # as `python -m` does: modules of the current directory
-            print(json.dumps(snapshot(_load(args.target)), indent=2, sort_keys=True))
+            target = load_object(args.target)
+            print(json.dumps(snapshot(target), indent=2, sort_keys=True))
             return 0
         with open(args.old, encoding="utf-8") as f_old, open(args.new, encoding="utf-8") as f_new:
             changes = check_compatible(json.load(f_old), json.load(f_new))

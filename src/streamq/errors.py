@@ -6,7 +6,8 @@ The tree::
     ├── ContractError                 a contract declaration is invalid (raised at import)
     │   └── IncompatibleContract      a contract change would break running peers
     ├── ConfigurationError            an option or setting is malformed
-    │   └── ForeignConsumerGroup      a stream has a consumer group other than the worker's
+    │   ├── ForeignConsumerGroup      a stream has a consumer group other than the worker's
+    │   └── LoadError                 a ``module:attribute`` reference cannot be loaded
     ├── PayloadError                  a payload cannot be enqueued or consumed
     │   ├── InvalidPayload            the payload fails its job's schema
     │   ├── UnknownJob                the job name is not declared by the queue
@@ -53,6 +54,7 @@ __all__ = [
     "JobOutcomeError",
     "JobTimeout",
     "LeadershipLost",
+    "LoadError",
     "PayloadError",
     "PayloadTooLarge",
     "PermanentError",
@@ -118,6 +120,27 @@ class ForeignConsumerGroup(ConfigurationError):
                  groups: list[str] | None = None) -> None:
         super().__init__(message, queue=queue, shard=shard)
         self.groups = groups or []
+
+
+class LoadError(ConfigurationError):
+    """Raised when a ``module:attribute`` reference (``WORKER_APP``, ``--contracts``) cannot
+    be loaded.
+
+    Attributes:
+        ref: the reference as given.
+        reason: ``malformed`` (not ``module:attribute``), ``no_module`` (the module does not
+            exist), ``no_attribute`` (the module lacks it) or ``raised`` (importing the
+            module, or reading the attribute, raised: the user's code failed).
+        error: for ``raised``, the exception the user's code raised (also the ``__cause__``).
+    """
+
+    def __init__(
+        self, message: str, *, ref: str, reason: str, error: BaseException | None = None
+    ) -> None:
+        super().__init__(message)
+        self.ref = ref
+        self.reason = reason
+        self.error = error
 
 
 class PayloadError(StreamqError):

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from streamq import loader
 from streamq.app import App
-from streamq.errors import ConfigurationError
+from streamq.errors import ConfigurationError, LoadError
 from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX
+from streamq.loader import load_object
 from streamq.options import Limiter
 from streamq.runners import RunnerConfig
 from streamq.schedules import SchedulerConfig, flag_name
@@ -523,7 +525,8 @@ class AppImportError(SettingsError):
         left out)."""
         frames = [
             f for f in traceback.extract_tb(self.error.__traceback__)
-            if not f.filename.startswith(("<frozen ", _IMPORTLIB)) and f.filename != __file__
+            if not f.filename.startswith(("<frozen ", _IMPORTLIB))
+            and f.filename not in (__file__, loader.__file__)
         ]
         lines = traceback.format_list(frames)
         if lines:
@@ -535,41 +538,21 @@ class AppImportError(SettingsError):
 _IMPORTLIB = str(Path(importlib.__file__).parent)
 
 
-def _is_module_or_parent(missing: str, module_name: str) -> bool:
-    return module_name == missing or module_name.startswith(missing + ".")
-
-
 def load_app(ref: str) -> App:
-    """Import ``package.module:attribute`` and return the :class:`~streamq.app.App` it names.
+    """Import ``package.module:attribute`` and return the :class:`~streamq.app.App` it names
+    (with :func:`streamq.loader.load_object`, the loader of every entry point).
 
     Raises:
         SettingsError: the reference is malformed, the module does not exist, or the
             attribute is missing or not an ``App``.
         AppImportError: importing the module raised (a ``SettingsError`` too).
     """
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise SettingsError([("WORKER_APP", f"expected package.module:attribute, got {ref!r}")])
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is None or not _is_module_or_parent(exc.name, module_name):
-            raise AppImportError(ref, exc) from exc
-        raise SettingsError([("WORKER_APP", f"cannot import {module_name!r}: {exc}")]) from exc
-    except Exception as exc:
-        # The user's module failed while it ran: a SyntaxError, a RegistrationError from a
-        # decorator, a missing setting of their own... all of it is the app's to fix.
-        raise AppImportError(ref, exc) from exc
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise SettingsError(
-                [("WORKER_APP", f"module {module_name!r} has no attribute {attr!r}")]
-            ) from None
-        except Exception as exc:  # a module-level __getattr__ that raised
-            raise AppImportError(ref, exc) from exc
+        obj = load_object(ref)
+    except LoadError as exc:
+        if exc.reason == "raised" and exc.error is not None:
+            raise AppImportError(ref, exc.error) from exc.error
+        raise SettingsError([("WORKER_APP", str(exc))]) from exc
     if not isinstance(obj, App):
         raise SettingsError(
             [("WORKER_APP", f"{ref} is a {type(obj).__name__}, not a streamq App")]
