@@ -19,19 +19,36 @@ from tests.admin.test_deadletters import lost_payload, raw_dead, shard_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACTS = "tests.admin.contracts:CONTRACTS"
+# The installed console script, not python -m: it proves the command finds the modules of
+# the directory it runs in, which a console script does not have on its path by itself.
+STREAMQ = str(Path(sys.executable).parent / "streamq")
+_OURS = ("REDIS_", "STREAMQ_", "WORKER_", "QUEUE_")
+
+
+def cli_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(_OURS)}
+    full_env.update(env or {})
+    return full_env
 
 
 def streamq(
-    *args: str, url: str | None, prefix: str = "p", env: dict[str, str] | None = None
+    *args: str,
+    url: str | None,
+    prefix: str = "p",
+    env: dict[str, str] | None = None,
+    contracts: str | None = CONTRACTS,
+    before: bool = True,
+    stdin: int | None = subprocess.DEVNULL,
 ) -> subprocess.CompletedProcess[str]:
-    base = [sys.executable, "-m", "streamq"]
-    if url is not None:
-        base += ["--redis-url", url]
-    base += ["--prefix", prefix, "--contracts", CONTRACTS]
-    full_env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    full_env.update(env or {})
+    """Run ``streamq`` with the global options ``before`` the subcommand, or after it."""
+    options = [] if url is None else ["--redis-url", url]
+    options += ["--prefix", prefix]
+    if contracts is not None:
+        options += ["--contracts", contracts]
+    argv = [*options, *args] if before else [*args, *options]
     return subprocess.run(
-        [*base, *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=60
+        [STREAMQ, *argv], cwd=ROOT, env=cli_env(env), stdin=stdin, capture_output=True,
+        text=True, timeout=60,
     )
 
 
@@ -126,7 +143,7 @@ async def test_dead_retry_by_id_once_and_all(
     assert "not found" in again.stderr
     assert await aredis.xlen(s0.stream) == 1
 
-    out = ok(streamq("dead", "retry", "adm", "--all", url=redis_url, prefix=prefix))
+    out = ok(streamq("dead", "retry", "adm", "--all", "--yes", url=redis_url, prefix=prefix))
     assert "re-enqueued 2 job(s)" in out
     assert await aredis.xlen(s1.stream) == 2
     assert await DeadLetters(aredis, Adm, prefix=prefix).count() == 0
@@ -138,11 +155,13 @@ async def test_dead_purge_by_id_older_than_and_all(
     s0 = shard_keys(prefix, index=0)
     ids = [await raw_dead(aredis, s0, f"job-{i}") for i in range(4)]
 
-    out = ok(streamq("dead", "purge", "adm", f"adm/{ids[0]}", url=redis_url, prefix=prefix))
+    out = ok(streamq("dead", "purge", "adm", f"adm/{ids[0]}", "-y", url=redis_url,
+                     prefix=prefix))
     assert "deleted 1 dead letter(s)" in out
-    out = ok(streamq("dead", "purge", "adm", "--older-than", "1h", url=redis_url, prefix=prefix))
+    out = ok(streamq("dead", "purge", "adm", "--older-than", "1h", "--yes", url=redis_url,
+                     prefix=prefix))
     assert "deleted 0 dead letter(s)" in out
-    out = ok(streamq("dead", "purge", "adm", "--all", url=redis_url, prefix=prefix))
+    out = ok(streamq("dead", "purge", "adm", "--all", "--yes", url=redis_url, prefix=prefix))
     assert "deleted 3 dead letter(s)" in out
     assert await aredis.xlen(s0.dead) == 0
 
@@ -160,12 +179,16 @@ async def test_pause_and_resume_set_the_flag_workers_read(
     assert await aredis.hget(meta, "paused") is None
 
 
-def test_redis_url_comes_from_the_environment_when_not_given(redis_url: str, prefix: str) -> None:
+def test_redis_url_comes_from_the_environment_when_not_given(
+    redis_url: str, prefix: str, tmp_path: Path
+) -> None:
     p = streamq("depth", "solo", url=None, prefix=prefix, env={"REDIS_URL": redis_url})
     assert rows(ok(p))[1] == ["solo", "solo", "0", "0", "0", "0"]
-    missing = streamq("depth", url=None, prefix=prefix)
+    missing = streamq("depth", url=None, prefix=prefix,
+                      env={"STREAMQ_DATA_DIR": str(tmp_path / "none")})
     assert missing.returncode == 2
     assert "REDIS_URL" in missing.stderr
+    assert "no embedded Redis is running" in missing.stderr
 
 
 def test_unknown_queue_and_bad_arguments_exit_2_with_a_clear_message(
@@ -180,6 +203,7 @@ def test_unknown_queue_and_bad_arguments_exit_2_with_a_clear_message(
         (["dead", "retry", "adm", "adm/1-0", "--all"], "--all or dead letter ids"),
         (["dead", "retry", "adm", "1-0"], "<shard>/<id>"),
         (["dead", "purge", "adm"], "exactly one of"),
+        (["dead", "purge", "adm", "--all"], "stdin is not a terminal; pass --yes"),
         (["dead", "purge", "adm", "--older-than", "soon"], "invalid duration"),
         (["dead", "list", "adm", "--limit", "0"], "expected an integer >= 1"),
         (["dead", "list", "adm", "--shard", "adm-9"], "no shard 'adm-9'"),
@@ -188,24 +212,9 @@ def test_unknown_queue_and_bad_arguments_exit_2_with_a_clear_message(
         p = streamq(*args, url=redis_url, prefix=prefix)
         assert p.returncode == 2, (args, p.stderr)
         assert needle in p.stderr, (args, p.stderr)
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "streamq",
-            "--redis-url",
-            redis_url,
-            "--contracts",
-            "no.such:X",
-            "depth",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = streamq("depth", url=redis_url, contracts="no.such:X")
     assert bad.returncode == 2
-    assert "cannot import contracts module 'no.such'" in bad.stderr
+    assert "--contracts: cannot import 'no.such'" in bad.stderr
 
 
 def test_unreachable_redis_exits_1_naming_the_url_without_its_password() -> None:
