@@ -1,8 +1,15 @@
-"""Real Redis servers for tests and benchmarks: a ``redis-server`` (or a cluster) on free
-loopback ports, started and stopped by the caller.
+"""Testing an application that uses streamq: Redis servers, a worker run until idle, and
+hand-made jobs.
 
-streamq's own suite uses this; so can an application's tests, where fakeredis would hide the
-Redis semantics a queue depends on (consumer groups, scripts, memory limits).
+- :class:`RedisServer`, :class:`RedisCluster`: a real ``redis-server`` (or a cluster) on free
+  loopback ports, started and stopped by the caller; streamq's own suite uses them.
+- :func:`start_test_redis`: a real Redis when a binary is found, else fakeredis
+  (:class:`FakeRedisServer`; what it cannot do is :data:`FAKE_LIMITS`).
+- :func:`run_app_until_idle`: run an app's processors until every queue is idle; a
+  :class:`RunReport` of the confirmed outcomes.
+- :func:`make_job`: a ``Job`` for a processor, with no Redis at all.
+
+The pytest plugin (:mod:`streamq.pytest_plugin`) wraps these as fixtures.
 
 Example::
 
@@ -25,14 +32,24 @@ from collections.abc import Sequence
 
 import redis
 
+from streamq._test_redis import FAKE_LIMITS, FakeRedisServer, TestRedis, start_test_redis
+from streamq._test_run import JobOutcome, RunReport, make_job, run_app_until_idle
 from streamq.embedded import find_redis_binary
 
 __all__ = [
+    "FAKE_LIMITS",
+    "FakeRedisServer",
+    "JobOutcome",
     "RedisCluster",
     "RedisServer",
+    "RunReport",
+    "TestRedis",
     "find_binary",
     "free_cluster_ports",
     "free_port",
+    "make_job",
+    "run_app_until_idle",
+    "start_test_redis",
 ]
 
 
