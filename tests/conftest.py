@@ -16,6 +16,8 @@ import redis.asyncio as aioredis
 
 from tests.support.redis_server import RedisCluster, RedisServer, find_binary
 
+pytest_plugins = ["pytester"]  # the pytest plugin's own tests run user suites with it
+
 
 def _binary_or_stop(name: str = "redis-server") -> str:
     binary = find_binary(name)
