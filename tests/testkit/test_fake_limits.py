@@ -17,15 +17,9 @@ from streamq.testing import FAKE_LIMITS, TestRedis
 def test_commands_the_fake_would_ignore_are_refused_there(
     streamq_redis: StreamqRedis, command: tuple[str, ...]
 ) -> None:
-    client = streamq_redis.sync_client()
     if streamq_redis.kind == "real":
-        if command[:2] == ("CLIENT", "PAUSE"):
-            command = ("CLIENT", "PAUSE", "1")
-        try:
-            client.execute_command(*command)
-        except redis.ResponseError as exc:  # e.g. a background save already running
-            assert "refused by streamq" not in str(exc)
-        return
+        pytest.skip("a real redis-server does what these commands say")
+    client = streamq_redis.sync_client()
     with pytest.raises(redis.ResponseError, match=r"refused by streamq's fake Redis"):
         client.execute_command(*command)
     # A script cannot go around it either.
@@ -60,5 +54,6 @@ def test_require_refuses_on_the_fake_naming_what_it_lacks(
 
 
 def test_an_unknown_feature_is_a_clear_error(streamq_redis_server: TestRedis) -> None:
-    with pytest.raises(ConfigurationError, match="unknown Redis feature 'lua'; known: client_control, cluster"):
+    with pytest.raises(ConfigurationError,
+                       match="unknown Redis feature 'lua'; known: client_control, cluster"):
         streamq_redis_server.supports("lua")
