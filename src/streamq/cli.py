@@ -292,6 +292,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if _is_worker_command(argv):
         run_worker(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "worker":  # options before it: the worker has none to take
+        return _fail(EXIT_USAGE, "streamq worker takes no options: it is configured by "
+                     "environment variables, as python -m worker (streamq worker --help)")
     url = ""
     try:
         contracts = _contracts(args, env)

@@ -470,6 +470,10 @@ def test_streamq_worker_is_python_m_worker(redis_url: str, prefix: str, tmp_path
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert "WORKER_APP: expected package.module:attribute, got 'nope'" in bad.stderr
+    options = subprocess.run([STREAMQ, "--redis-url", redis_url, "worker"], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert options.returncode == 2
+    assert "streamq worker takes no options" in options.stderr
 
     worker = WorkerProcess(env, tmp_path / "worker.log", command=[STREAMQ, "worker"])
     try:
