@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from streamq import SyncDeadLetters, SyncQueueAdmin
+from streamq.keys import QueueKeys
 from streamq.pytest_plugin import StreamqRedis, StreamqWorker
 from tests.testkit.app import Step, Steps, build_app
 
@@ -133,3 +134,23 @@ def test_a_sync_test_runs_the_worker_too(
 def test_each_test_has_a_prefix_of_its_own(streamq_redis: StreamqRedis) -> None:
     client = streamq_redis.sync_client()
     assert client.keys(f"{streamq_redis.prefix}*") == []
+
+
+async def test_a_job_left_by_a_dead_worker_is_reclaimed_once_its_lock_expires(
+    streamq_queue: QueueFactory, streamq_worker: StreamqWorker, streamq_redis: StreamqRedis
+) -> None:
+    app, seen = build_app()
+    client = streamq_redis.sync_client()
+    streams = [s.stream for s in QueueKeys(streamq_redis.prefix, "steps", 2).shards]
+    for stream in streams:
+        client.xgroup_create(stream, "streamq", id="0", mkstream=True)
+    job_id = streamq_queue(Steps).add(Steps.step, Step(n=10))
+    # A worker that read the job and died: it stays pending under that worker's name.
+    taken = client.xreadgroup("streamq", "dead-worker", {s: ">" for s in streams}, count=10)
+    assert sum(len(entries) for _, entries in taken) == 1
+    report = await streamq_worker.run(
+        app, overrides={"steps": {"lock_duration": 0.3, "stalled_interval": 0.1}}
+    )
+    assert seen.runs == [(10, 1)]  # same attempt: a stall is not a failed attempt
+    assert [o.outcome for o in report.of(job_id)] == ["completed"]
+    assert all(client.xpending(s, "streamq")["pending"] == 0 for s in streams)
