@@ -69,6 +69,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"streamq fixtures: --streamq-redis={_kind(config)}"
+
+
 class StreamqRedis:
     """The session's Redis as one test sees it, with a key prefix of the test's own."""
 
