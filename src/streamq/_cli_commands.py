@@ -59,49 +59,60 @@ def add_depth_commands(cmds: Any, common: argparse.ArgumentParser) -> None:
     depth.set_defaults(handler=cmd_depth)
 
 
-def depth_json(depths: list[QueueDepth], paused: set[str]) -> list[dict[str, Any]]:
+def depth_json(depths: list[QueueDepth]) -> list[dict[str, Any]]:
     return [
         {
             "queue": d.queue,
-            "paused": d.queue in paused,
+            "paused": d.paused,
             "ready": d.ready,
             "in_flight": d.in_flight,
             "delayed": d.delayed,
             "dead": d.dead,
+            "oldest_ready_age_s": d.oldest_ready_age_s,
+            "consumers": d.consumers,
             "shards": [asdict(s) for s in d.shards],
         }
         for d in depths
     ]
 
 
-def depth_text(depths: list[QueueDepth], paused: set[str]) -> str:
+def _age(seconds: float) -> str:
+    return format_duration(seconds * 1000) if seconds > 0 else "-"
+
+
+def depth_text(depths: list[QueueDepth]) -> str:
     rows: list[list[Any]] = []
     for d in depths:
-        rows += [[d.queue, s.shard, s.ready, s.in_flight, s.delayed, s.dead] for s in d.shards]
+        rows += [
+            [d.queue, s.shard, s.ready, s.in_flight, s.delayed, s.dead, _age(s.oldest_ready_age_s)]
+            for s in d.shards
+        ]
         if len(d.shards) > 1:
-            rows.append([d.queue, "total", d.ready, d.in_flight, d.delayed, d.dead])
-    out = table(["QUEUE", "SHARD", "READY", "IN-FLIGHT", "DELAYED", "DEAD"], rows, {2, 3, 4, 5})
-    return "\n".join([out, *(f"{d.queue} is paused" for d in depths if d.queue in paused)])
+            rows.append([d.queue, "total", d.ready, d.in_flight, d.delayed, d.dead,
+                         _age(d.oldest_ready_age_s)])
+    header = ["QUEUE", "SHARD", "READY", "IN-FLIGHT", "DELAYED", "DEAD", "OLDEST READY"]
+    out = table(header, rows, {2, 3, 4, 5, 6})
+    return "\n".join([out, *(f"{d.queue} is paused" for d in depths if d.paused)])
 
 
 def cmd_depth(ctx: CommandContext) -> int:
     lanes = [ctx.lane(ctx.args.queue)] if ctx.args.queue else ctx.contracts.lanes()
     admins = [SyncQueueAdmin(ctx.client, ln, prefix=ctx.prefix, group=ctx.group) for ln in lanes]
 
-    def read() -> tuple[list[QueueDepth], set[str]]:
-        return [a.depth() for a in admins], {a.lane.name for a in admins if a.is_paused()}
+    def read() -> list[QueueDepth]:
+        return [a.depth() for a in admins]
 
     if not ctx.args.watch:
-        depths, paused = read()
+        depths = read()
         if ctx.json:
-            print_json(depth_json(depths, paused))
+            print_json(depth_json(depths))
         else:
-            print(depth_text(depths, paused))
+            print(depth_text(depths))
         return EXIT_OK
     return _watch(ctx, read)
 
 
-def _watch(ctx: CommandContext, read: Callable[[], tuple[list[QueueDepth], set[str]]]) -> int:
+def _watch(ctx: CommandContext, read: Callable[[], list[QueueDepth]]) -> int:
     """Print a reading every interval until Ctrl-C: a redrawn screen on a terminal, one
     block (or one JSON line) per reading otherwise, so a log or a pipe keeps every one."""
     interval_s = ctx.args.interval.total_seconds()
@@ -109,15 +120,15 @@ def _watch(ctx: CommandContext, read: Callable[[], tuple[list[QueueDepth], set[s
     try:
         while True:
             started = time.monotonic()
-            depths, paused = read()
-            stamp = when(_server_ms(ctx))
+            depths = read()
+            now_ms = _server_ms(ctx)
             if ctx.json:
-                print_json({"at": stamp, "queues": depth_json(depths, paused)}, indent=None)
+                print_json({"at": when(now_ms), "at_ms": now_ms,
+                            "queues": depth_json(depths)}, indent=None)
             else:
-                head = (f"{stamp} UTC, every {format_duration(interval_s * 1000)} "
+                head = (f"{when(now_ms)} UTC, every {format_duration(interval_s * 1000)} "
                         "(Ctrl-C to stop)")
-                print(f"{_CLEAR if redraw else ''}{head}\n{depth_text(depths, paused)}\n",
-                      flush=True)
+                print(f"{_CLEAR if redraw else ''}{head}\n{depth_text(depths)}\n", flush=True)
             time.sleep(max(0.0, interval_s - (time.monotonic() - started)))
     except KeyboardInterrupt:
         return EXIT_OK

@@ -76,24 +76,29 @@ async def test_depth_prints_a_row_per_shard_with_exact_counts(
 ) -> None:
     await build_state(aredis, prefix)
     out = ok(streamq("depth", "adm", url=redis_url, prefix=prefix))
-    assert rows(out) == [
-        ["QUEUE", "SHARD", "READY", "IN-FLIGHT", "DELAYED", "DEAD"],
+    header, *table = rows(out)
+    assert header == ["QUEUE", "SHARD", "READY", "IN-FLIGHT", "DELAYED", "DEAD", "OLDEST", "READY"]
+    assert [r[:6] for r in table] == [
         ["adm", "adm", "3", "2", "2", "1"],
         ["adm", "adm-1", "1", "0", "1", "0"],
         ["adm", "total", "4", "2", "3", "1"],
     ]
+    # How long the oldest ready job has waited, as a duration.
+    assert all(re.fullmatch(r"\d+(ms|s|m)(\d+s)?", r[6]) for r in table), table
     every = rows(ok(streamq("depth", url=redis_url, prefix=prefix)))
-    assert ["solo", "solo", "0", "0", "0", "0"] in every
+    assert ["solo", "solo", "0", "0", "0", "0", "-"] in every
     data = json.loads(ok(streamq("depth", "adm", "--json", url=redis_url, prefix=prefix)))
     assert data[0]["ready"] == 4
     assert data[0]["paused"] is False
-    assert data[0]["shards"][0] == {
+    shard = data[0]["shards"][0]
+    assert {k: shard[k] for k in ("shard", "ready", "in_flight", "delayed", "dead")} == {
         "shard": "adm",
         "ready": 3,
         "in_flight": 2,
         "delayed": 2,
         "dead": 1,
     }
+    assert shard["oldest_ready_age_s"] >= 0
 
 
 async def test_dead_list_shows_newest_first_and_json_has_redacted_payloads(
@@ -193,7 +198,7 @@ def test_redis_url_comes_from_the_environment_when_not_given(
     redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
     p = streamq("depth", "solo", url=None, prefix=prefix, env={"REDIS_URL": redis_url})
-    assert rows(ok(p))[1] == ["solo", "solo", "0", "0", "0", "0"]
+    assert rows(ok(p))[1] == ["solo", "solo", "0", "0", "0", "0", "-"]
     missing = streamq("depth", url=None, prefix=prefix,
                       env={"STREAMQ_DATA_DIR": str(tmp_path / "none")})
     assert missing.returncode == 2
@@ -256,7 +261,7 @@ def test_contracts_come_from_streamq_contracts_else_from_the_worker_app(
 ) -> None:
     from_env = streamq("depth", url=redis_url, prefix=prefix, contracts=None,
                        env={"STREAMQ_CONTRACTS": CONTRACTS})
-    assert ["solo", "solo", "0", "0", "0", "0"] in rows(ok(from_env))
+    assert ["solo", "solo", "0", "0", "0", "0", "-"] in rows(ok(from_env))
     # WORKER_APP names the App that python -m worker runs; its contracts are the app's.
     from_app = streamq("depth", url=redis_url, prefix=prefix, contracts=None,
                        env={"WORKER_APP": "tests.entrypoint.sample_app:app"})
@@ -398,7 +403,9 @@ def test_depth_watch_redraws_until_ctrl_c(redis_url: str, prefix: str) -> None:
             proc.wait(10)
     assert proc.returncode == 0, err
     assert [r["queues"][0]["queue"] for r in readings] == ["solo"] * 3
-    assert len({r["at"] for r in readings}) >= 2  # fresh readings, not one printed thrice
+    stamps = [r["at_ms"] for r in readings]
+    assert stamps == sorted(stamps)
+    assert stamps[-1] - stamps[0] >= 300  # fresh readings an interval apart, not one thrice
     assert "Traceback" not in err
 
 
