@@ -271,13 +271,13 @@ def _is_worker_command(argv: Sequence[str]) -> bool:
     return bool(argv) and argv[0] == "worker"
 
 
-def run_worker(argv: Sequence[str]) -> NoReturn:
+def run_worker(argv: Sequence[str], env: Mapping[str, str]) -> NoReturn:
     """``streamq worker``: ``python -m worker``'s own ``main``, its variables, its exit codes."""
     from worker.__main__ import Shutdown, exit_process
     from worker.__main__ import main as worker_main
 
     last = Shutdown()
-    exit_process(worker_main(argv=list(argv), shutdown=last), last)
+    exit_process(worker_main(env, argv=list(argv), shutdown=last), last)
     raise AssertionError("exit_process returned")  # pragma: no cover
 
 
@@ -290,7 +290,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     argv = list(sys.argv[1:] if argv is None else argv)
     env = os.environ if env is None else env
     if _is_worker_command(argv):
-        run_worker(argv[1:])
+        run_worker(argv[1:], env)
     args = build_parser().parse_args(argv)
     if args.command == "worker":  # options before it: the worker has none to take
         return _fail(EXIT_USAGE, "streamq worker takes no options: it is configured by "
