@@ -8,6 +8,7 @@ Usage::
     streamq dead retry ingestion ingestion-2/1700000000000-0
     streamq dead purge ingestion --older-than 7d    # asks first; --yes does not
     streamq pause ingestion
+    streamq tenant flag ingestion project-7 --for 10m --reason "upstream 429s"
     streamq worker                                  # the same as python -m worker
 
 Global options go before or after the subcommand (``streamq depth --redis-url ...``), and
@@ -46,6 +47,7 @@ import redis
 import streamq
 from streamq._cli_commands import add_dead_commands, add_depth_commands, add_queue_commands
 from streamq._cli_support import CommandContext, UsageError, lane_of, masked
+from streamq._cli_tenants import add_tenant_commands
 from streamq.app import App
 from streamq.contracts import ContractSet, QueueContract
 from streamq.errors import (
@@ -81,6 +83,7 @@ COMMAND_GROUPS: list[CommandGroup] = [
     add_depth_commands,
     add_dead_commands,
     add_queue_commands,
+    add_tenant_commands,
     add_worker_command,
 ]
 """Every group of subcommands, in ``--help`` order."""
@@ -122,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common_options()
     p = argparse.ArgumentParser(
         prog="streamq",
-        description="Inspect and administer streamq queues: depth, dead letters, pause; "
-        "run workers.",
+        description="Inspect and administer streamq queues: depth, dead letters, pause, "
+        "tenant flags; run workers.",
         parents=[common],
     )
     p.add_argument("--version", action="version", version=f"streamq {streamq.__version__}")
