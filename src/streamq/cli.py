@@ -9,6 +9,7 @@ Usage::
     streamq dead purge ingestion --older-than 7d    # asks first; --yes does not
     streamq pause ingestion
     streamq tenant flag ingestion project-7 --for 10m --reason "upstream 429s"
+    streamq job 5f2c... --queue ingestion --json    # a tracked job's status (--cancel)
     streamq worker                                  # the same as python -m worker
 
 Global options go before or after the subcommand (``streamq depth --redis-url ...``), and
@@ -27,7 +28,8 @@ environment; the library never does):
 
 Exit status: 0 done (or a confirmation declined); 1 Redis unreachable or failing; 2 bad
 arguments, unknown queue, contracts that cannot be loaded, or a destructive action refused
-for want of confirmation. ``streamq worker`` exits as ``python -m worker`` does.
+for want of confirmation; 3 (``job``) the job is not tracked or was forgotten.
+``streamq worker`` exits as ``python -m worker`` does.
 
 Subcommands are registered by one function per group (:data:`COMMAND_GROUPS`): each adds
 its parsers and sets ``handler`` (taking a :class:`CommandContext`) on them.
@@ -46,6 +48,7 @@ import redis
 
 import streamq
 from streamq._cli_commands import add_dead_commands, add_depth_commands, add_queue_commands
+from streamq._cli_jobs import add_job_commands
 from streamq._cli_support import CommandContext, UsageError, lane_of, masked
 from streamq._cli_tenants import add_tenant_commands
 from streamq.app import App
@@ -84,6 +87,7 @@ COMMAND_GROUPS: list[CommandGroup] = [
     add_dead_commands,
     add_queue_commands,
     add_tenant_commands,
+    add_job_commands,
     add_worker_command,
 ]
 """Every group of subcommands, in ``--help`` order."""
@@ -126,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="streamq",
         description="Inspect and administer streamq queues: depth, dead letters, pause, "
-        "tenant flags; run workers.",
+        "tenant flags, job status; run workers.",
         parents=[common],
     )
     p.add_argument("--version", action="version", version=f"streamq {streamq.__version__}")

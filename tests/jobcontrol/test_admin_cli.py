@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -21,7 +22,8 @@ def streamq(*args: str, url: str, prefix: str) -> subprocess.CompletedProcess[st
     return subprocess.run(
         [sys.executable, "-m", "streamq", "--redis-url", url, "--prefix", prefix,
          "--contracts", "tests.jobcontrol.support:Ctl", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=60,
     )
 
 
@@ -55,11 +57,19 @@ async def test_streamq_job_prints_the_status_and_cancels_with_json(aredis, prefi
 
     p = streamq("job", job_id, "--queue", "jc", "--json", url=redis_url, prefix=prefix)
     data = json.loads(p.stdout)
+    p = streamq("job", job_id, "--queue", "jc", url=redis_url, prefix=prefix)
     assert (data["state"], data["job"], data["queue"], data["result"]) == (
         "delayed", "summed", "jc", None
     )
 
-    p = streamq("job", job_id, "--queue", "jc", "--cancel", "--json", url=redis_url,
+    # Moments read as durations from now: due in about a minute.
+    assert re.search(r"^due_ms +in (\d+s|1m)$", p.stdout, re.M), p.stdout
+
+    refused = streamq("job", job_id, "--queue", "jc", "--cancel", url=redis_url, prefix=prefix)
+    assert refused.returncode == 2
+    assert f"refusing to cancel job {job_id} of jc without confirmation" in refused.stderr
+
+    p = streamq("job", job_id, "--queue", "jc", "--cancel", "--json", "--yes", url=redis_url,
                 prefix=prefix)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["outcome"] == "removed"
