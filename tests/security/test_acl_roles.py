@@ -258,7 +258,7 @@ def test_the_operator_cli_works_with_the_operator_user(
             "tests.security.test_acl_roles:CONTRACTS"]
     for argv in (["depth"], ["dead", "list", "sec"], ["dead", "count", "sec"],
                  ["pause", "sec"], ["resume", "sec"], ["consumers", "sec"],
-                 ["dead", "purge", "sec", "--all"]):
+                 ["dead", "purge", "sec", "--all", "--yes"]):
         assert main([*base, *argv]) == 0, (argv, capsys.readouterr())
 
 
