@@ -276,7 +276,10 @@ class _Core:
                     more.append(s)
             todo = more
         merged = [d for s in shards for d in found[s][:limit]]
-        merged.sort(key=lambda d: (_id_key(d.id), -self._by_name[d.shard].index), reverse=True)
+        # Newest first by when each was dead-lettered (the script's TIME), then by entry id:
+        # two shards' entry ids can order two letters a millisecond apart the other way.
+        merged.sort(key=lambda d: (d.failed_at_ms, _id_key(d.id), -self._by_name[d.shard].index),
+                    reverse=True)
         return merged[:limit]
 
     def count_steps(self, shard: str | int | None) -> Steps[int]:
