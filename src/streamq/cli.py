@@ -82,6 +82,20 @@ def add_worker_command(cmds: Any, common: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tool_commands(cmds: Any, common: argparse.ArgumentParser) -> None:
+    """``streamq compat`` and ``streamq redis``: handled before parsing (see :func:`main`),
+    each the whole of its module's own command; listed for ``--help``."""
+    cmds.add_parser(
+        "compat", add_help=False,
+        help="contract snapshots and rolling-deploy checks (as python -m streamq.compat: "
+             "snapshot MODULE:ATTR, check OLD NEW)",
+    )
+    cmds.add_parser(
+        "redis", add_help=False,
+        help="the embedded Redis (as python -m streamq.embedded: start, status, stop)",
+    )
+
+
 COMMAND_GROUPS: list[CommandGroup] = [
     add_depth_commands,
     add_dead_commands,
@@ -89,6 +103,7 @@ COMMAND_GROUPS: list[CommandGroup] = [
     add_tenant_commands,
     add_job_commands,
     add_worker_command,
+    add_tool_commands,
 ]
 """Every group of subcommands, in ``--help`` order."""
 
@@ -298,6 +313,14 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     if _is_worker_command(argv):
         run_worker(argv[1:], env)
+    if argv and argv[0] == "compat":
+        from streamq.compat import main as compat_main
+
+        return compat_main(argv[1:])
+    if argv and argv[0] == "redis":
+        from streamq.embedded import main as embedded_main
+
+        return embedded_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "worker":  # options before it: the worker has none to take
         return _fail(EXIT_USAGE, "streamq worker takes no options: it is configured by "

@@ -328,7 +328,7 @@ def assert_compatible(old: Json, new: Json) -> list[Change]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``snapshot module:CONTRACTS`` prints a snapshot; ``check old.json new.json`` prints
     each change and returns 1 when any is breaking."""
-    parser = argparse.ArgumentParser(prog="python -m streamq.compat", description=__doc__)
+    parser = argparse.ArgumentParser(prog="streamq compat", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_snap = sub.add_parser("snapshot", help="print the JSON snapshot of module:CONTRACTS")
     p_snap.add_argument("target", help="module:ATTRIBUTE (a ContractSet or QueueContract)")

@@ -339,7 +339,7 @@ def _pid_alive(pid: int) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m streamq.embedded {start,status,stop} [--data-dir D] [--port P]``."""
-    parser = argparse.ArgumentParser(prog="python -m streamq.embedded", description=__doc__
+    parser = argparse.ArgumentParser(prog="streamq redis", description=__doc__
                                      and __doc__.splitlines()[0])
     parser.add_argument("command", choices=("start", "status", "stop"))
     parser.add_argument("--data-dir", default=".streamq")

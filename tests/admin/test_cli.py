@@ -507,3 +507,23 @@ def _completed(url: str, prefix: str) -> bool:
     with redis.Redis.from_url(url) as client:
         shards = QueueKeys(prefix, "notes", 2).shards
         return sum(client.xlen(s.stream) for s in shards) == 0  # completed: XACK + XDEL
+
+
+def test_compat_and_the_embedded_redis_are_subcommands_of_the_one_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from streamq.cli import main
+
+    assert main(["compat", "snapshot", "tests.admin.contracts:CONTRACTS"]) == 0
+    snap = json.loads(capsys.readouterr().out)
+    assert snap["queues"]
+    (tmp_path / "old.json").write_text(json.dumps(snap))
+    assert main(["compat", "check", str(tmp_path / "old.json"), str(tmp_path / "old.json")]) == 0
+    capsys.readouterr()
+    assert main(["redis", "status", "--data-dir", str(tmp_path / "none")]) == 1
+    assert "not running" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "compat" in out
+    assert "redis" in out
