@@ -54,6 +54,7 @@ class CommandContext:
         group: the consumer group (``--group``, ``WORKER_GROUP``).
         json: ``--json``: print JSON, nothing else, on stdout.
         yes: ``--yes``: destructive actions go ahead without asking.
+        app: the ``App`` the contracts came from, when they came from one.
     """
 
     args: argparse.Namespace
@@ -65,6 +66,8 @@ class CommandContext:
     group: str
     json: bool
     yes: bool
+    app: Any = None
+    """The application's ``App`` when the contracts were given as one (schedules need it)."""
 
     def lane(self, name: str) -> Lane:
         """The lane called ``name``.

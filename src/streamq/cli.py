@@ -49,6 +49,7 @@ import redis
 import streamq
 from streamq._cli_commands import add_dead_commands, add_depth_commands, add_queue_commands
 from streamq._cli_jobs import add_job_commands
+from streamq._cli_schedules import add_schedule_commands
 from streamq._cli_support import CommandContext, UsageError, lane_of, masked
 from streamq._cli_tenants import add_tenant_commands
 from streamq.app import App
@@ -102,6 +103,7 @@ COMMAND_GROUPS: list[CommandGroup] = [
     add_queue_commands,
     add_tenant_commands,
     add_job_commands,
+    add_schedule_commands,
     add_worker_command,
     add_tool_commands,
 ]
@@ -184,14 +186,18 @@ def load_contracts(spec: str, *, source: str = "--contracts") -> ContractSet:
         ) from exc
 
 
-def _contracts(args: argparse.Namespace, env: Mapping[str, str]) -> ContractSet:
+def _contracts_and_app(
+    args: argparse.Namespace, env: Mapping[str, str]
+) -> tuple[ContractSet, App[Any] | None]:
     for source, spec in (
         ("--contracts", getattr(args, "contracts", None)),
         ("STREAMQ_CONTRACTS", env.get("STREAMQ_CONTRACTS")),
         ("WORKER_APP", env.get("WORKER_APP")),
     ):
         if spec and spec.strip():
-            return load_contracts(spec.strip(), source=source)
+            contracts = load_contracts(spec.strip(), source=source)
+            obj = load_object(spec.strip())  # imported already: the same object
+            return contracts, obj if isinstance(obj, App) else None
     raise UsageError(
         "no contracts: pass --contracts MODULE:ATTR, or set STREAMQ_CONTRACTS (or WORKER_APP, "
         "the worker's app)"
@@ -327,7 +333,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
                      "environment variables, as python -m worker (streamq worker --help)")
     url = ""
     try:
-        contracts = _contracts(args, env)
+        contracts, app = _contracts_and_app(args, env)
         queue = getattr(args, "queue", None)
         if queue:
             lane_of(contracts, queue)  # an unknown queue is a usage error, Redis or not
@@ -346,6 +352,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             or DEFAULT_GROUP,
             json=bool(getattr(args, "json", False)),
             yes=bool(getattr(args, "yes", False)),
+            app=app,
         )
         try:
             code: int = args.handler(ctx)

@@ -105,3 +105,8 @@ async def running_worker(
         yield h
     finally:
         await manager.close_workers(timeout_s=2)
+
+
+SCHEDULED_APP: App[None] = App([Adm, Solo])
+SCHEDULED_APP.schedule("nightly", Adm.task, cron="0 3 * * *", payload=Task(n=0))
+SCHEDULED_APP.schedule("heartbeat", Solo.task, every=30, payload=Task(n=1))

@@ -527,3 +527,31 @@ def test_compat_and_the_embedded_redis_are_subcommands_of_the_one_command(
     out = capsys.readouterr().out
     assert "compat" in out
     assert "redis" in out
+
+
+def test_schedules_are_listed_paused_and_resumed_from_the_app(
+    redis_url: str, prefix: str, sredis: redis.Redis
+) -> None:
+    app = "tests.admin.contracts:SCHEDULED_APP"
+    listed = json.loads(ok(streamq("schedules", "list", "--json", url=redis_url, prefix=prefix,
+                                   contracts=app)))
+    by_name = {s["name"]: s for s in listed}
+    assert set(by_name) == {"nightly", "heartbeat"}
+    assert by_name["nightly"]["cron"] == "0 3 * * *"
+    assert by_name["nightly"]["paused"] is False
+    assert by_name["nightly"]["next_run"] is not None
+    ok(streamq("schedules", "pause", "nightly", url=redis_url, prefix=prefix, contracts=app))
+    out = ok(streamq("schedules", "list", url=redis_url, prefix=prefix, contracts=app))
+    nightly = next(line for line in out.splitlines() if line.startswith("nightly"))
+    assert "cron 0 3 * * * (UTC)" in nightly
+    assert " yes " in nightly  # paused
+    ok(streamq("schedules", "resume", "nightly", url=redis_url, prefix=prefix, contracts=app))
+    again = json.loads(ok(streamq("schedules", "list", "--json", url=redis_url, prefix=prefix,
+                                  contracts=app)))
+    assert {s["name"]: s["paused"] for s in again} == {"nightly": False, "heartbeat": False}
+    unknown = streamq("schedules", "pause", "nope", url=redis_url, prefix=prefix, contracts=app)
+    assert unknown.returncode == 2
+    assert "nightly" in unknown.stderr  # the message lists the declared schedules
+    no_app = streamq("schedules", "list", url=redis_url, prefix=prefix)
+    assert no_app.returncode == 2
+    assert "WORKER_APP" in no_app.stderr
