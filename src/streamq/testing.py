@@ -101,12 +101,14 @@ class RedisServer:
         *,
         port: int | None = None,
         appendonly: bool = False,
+        appendfsync: str = "always",
         extra: Sequence[str] = (),
         data_dir: str | None = None,
     ) -> None:
         self.binary = binary
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
         self.extra = list(extra)
         self.dir = data_dir or tempfile.mkdtemp(prefix="streamq-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -122,7 +124,7 @@ class RedisServer:
             "--bind", "127.0.0.1",
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "always",
+            "--appendfsync", self.appendfsync,
             "--dir", self.dir,
             "--daemonize", "no",
             "--protected-mode", "no",
@@ -173,10 +175,29 @@ class RedisServer:
 
 
 class RedisCluster:
-    """A real Redis Cluster of ``masters`` primaries (no replicas) on free ports."""
+    """A real Redis Cluster of ``masters`` primaries on free ports, each with ``replicas``
+    replicas (none by default).
 
-    def __init__(self, binary: str, cli: str, *, masters: int = 3) -> None:
+    With replicas, :meth:`kill_primary` SIGKILLs the primary serving a key and
+    :meth:`wait_failover` waits until one of its replicas has taken over its slots: the
+    cluster then reaches state ``ok`` again after about ``node_timeout_ms`` plus an election.
+    """
+
+    def __init__(
+        self,
+        binary: str,
+        cli: str,
+        *,
+        masters: int = 3,
+        replicas: int = 0,
+        node_timeout_ms: int = 2000,
+    ) -> None:
+        if masters < 3:
+            raise ValueError("a Redis Cluster needs at least 3 primaries")
+        if replicas < 0:
+            raise ValueError("replicas must be >= 0")
         self.cli = cli
+        self.replicas = replicas
         self.nodes = [
             RedisServer(
                 binary,
@@ -184,36 +205,107 @@ class RedisCluster:
                 extra=[
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
-                    "--cluster-node-timeout", "2000",
+                    "--cluster-node-timeout", str(node_timeout_ms),
                 ],
             )
-            for port in free_cluster_ports(masters)
+            for port in free_cluster_ports(masters * (1 + replicas))
         ]
 
     @property
     def startup_nodes(self) -> list[tuple[str, int]]:
-        return [("127.0.0.1", n.port) for n in self.nodes]
+        """Every node that is running, as ``(host, port)``."""
+        return [("127.0.0.1", n.port) for n in self.nodes if n.proc is not None]
 
     def start(self) -> RedisCluster:
         for n in self.nodes:
             n.start()
         addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
         subprocess.run(
-            [self.cli, "--cluster", "create", *addrs, "--cluster-replicas", "0", "--cluster-yes"],
+            [self.cli, "--cluster", "create", *addrs,
+             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
             check=True,
             capture_output=True,
             timeout=60,
         )
-        deadline = time.monotonic() + 30
+        self.wait_ok(30)
+        if self.replicas:
+            self._wait_replicas_linked(30)
+        return self
+
+    def wait_ok(self, timeout_s: float) -> None:
+        """Wait until every running node reports ``cluster_state:ok`` and agrees that each
+        slot has a live primary."""
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            infos = []
+            if all(self._node_ok(n) for n in self.nodes if n.proc is not None):
+                return
+            time.sleep(0.05)
+        raise TimeoutError("redis cluster did not reach state ok")
+
+    def _node_ok(self, node: RedisServer) -> bool:
+        try:
+            with redis.Redis(port=node.port, socket_timeout=1) as client:
+                info = client.cluster("info")
+        except redis.RedisError:
+            return False
+        return bool(info.get("cluster_state") == "ok")
+
+    def _wait_replicas_linked(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            linked = 0
             for n in self.nodes:
                 with redis.Redis(port=n.port) as client:
-                    infos.append(client.cluster("info"))
-            if all(i.get("cluster_state") == "ok" for i in infos):
-                return self
-            time.sleep(0.1)
-        raise TimeoutError("redis cluster did not reach state ok")
+                    info = client.info("replication")
+                if info.get("role") == "slave" and info.get("master_link_status") == "up":
+                    linked += 1
+            if linked == len(self.nodes) - len(self.nodes) // (1 + self.replicas):
+                return
+            time.sleep(0.05)
+        raise TimeoutError("the cluster's replicas did not finish their first sync")
+
+    def node_at(self, port: int) -> RedisServer:
+        """The node listening on ``port``."""
+        for n in self.nodes:
+            if n.port == port:
+                return n
+        raise KeyError(port)
+
+    def primary_port_for_key(self, key: str) -> int:
+        """The port of the primary that serves ``key``'s slot now, as a live node sees it."""
+        for n in self.nodes:
+            if n.proc is None:
+                continue
+            try:
+                with redis.Redis(port=n.port, socket_timeout=1) as client:
+                    slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+                    for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS"):
+                        if int(start) <= slot <= int(end):
+                            return int(primary[1])
+            except redis.RedisError:
+                continue
+        raise RuntimeError(f"no live node knows who serves {key!r}")
+
+    def kill_primary(self, key: str) -> int:
+        """SIGKILL the primary serving ``key``; returns its port."""
+        port = self.primary_port_for_key(key)
+        self.node_at(port).stop(kill=True)
+        return port
+
+    def wait_failover(self, key: str, old_port: int, timeout_s: float = 30) -> int:
+        """Wait until a node other than ``old_port`` serves ``key`` and the cluster is ok;
+        returns the new primary's port."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                port = self.primary_port_for_key(key)
+            except RuntimeError:
+                port = old_port
+            if port != old_port:
+                self.wait_ok(max(0.1, deadline - time.monotonic()))
+                return port
+            time.sleep(0.05)
+        raise TimeoutError(f"no replica took over {key!r} from port {old_port}")
 
     def stop(self) -> None:
         for n in self.nodes:

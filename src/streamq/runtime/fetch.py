@@ -330,15 +330,41 @@ class Reader:
     ) -> int:
         self.intake.reserve(reserve)
         try:
-            reply = await self.client.xreadgroup(
-                self.ctx.group, self.ctx.consumer, {s.stream: ">" for s in shards},
-                count=count, block=block,
-            )
+            if self.ctx.cluster:
+                reply = await self._read_routed(shards, count, block)
+            else:
+                reply = await self.client.xreadgroup(
+                    self.ctx.group, self.ctx.consumer, {s.stream: ">" for s in shards},
+                    count=count, block=block,
+                )
         finally:
             self.intake.unreserve(reserve)
         self.reads += 1
         self.on_ok()
         return self._keep(self._entries(reply))
+
+    async def _read_routed(
+        self, shards: Sequence[ShardKeys], count: int, block: int | None
+    ) -> Any:
+        """A cluster read sent to the node that serves the shard's slot, as this client's
+        slot table says.
+
+        redis-py's async cluster client asks one fixed node (``COMMAND GETKEYS``) where a
+        command with movable keys such as ``XREADGROUP`` should go. When that node dies in a
+        failover every read fails before it is sent, so the client never refreshes its
+        topology and the reader never recovers. Routing by the stream's slot here avoids the
+        question; a failed call marks the slot table stale, and ``initialize()`` refreshes it
+        before the next read picks its node.
+        """
+        await self.client.initialize()
+        node = self.client.get_node_from_key(shards[0].stream)
+        args: list[str | int] = ["XREADGROUP", "GROUP", self.ctx.group, self.ctx.consumer,
+                                 "COUNT", count]
+        if block is not None:
+            args += ["BLOCK", block]
+        streams = [s.stream for s in shards]
+        args += ["STREAMS", *streams, *([">"] * len(streams))]
+        return await self.client.execute_command(*args, target_nodes=node)
 
     def _keep(self, entries: list[Entry]) -> int:
         """Hold what a read returned: up to the room, the excess handed back at once.
