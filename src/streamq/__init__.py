@@ -6,6 +6,7 @@ from streamq.backoff import Backoff
 from streamq.compat import Change, assert_compatible, check_compatible, snapshot
 from streamq.contracts import ContractSet, JobDefaults, JobSpec, Lane, QueueContract, job
 from streamq.deadletters import DeadLetter, DeadLetters, SyncDeadLetters
+from streamq.durability import Durability
 from streamq.durations import Duration
 from streamq.errors import (
     ConfigurationError,
@@ -22,6 +23,7 @@ from streamq.errors import (
     JobTimeout,
     LeadershipLost,
     LoadError,
+    NotReplicated,
     PayloadError,
     PayloadTooLarge,
     PermanentError,
@@ -71,6 +73,7 @@ __all__ = [
     "ContractSet",
     "DeadLetter",
     "DeadLetters",
+    "Durability",
     "Duration",
     "ForeignConsumerGroup",
     "Hooks",
@@ -93,6 +96,7 @@ __all__ = [
     "LeadershipLost",
     "Limiter",
     "LoadError",
+    "NotReplicated",
     "PayloadError",
     "PayloadTooLarge",
     "PermanentError",

@@ -15,6 +15,7 @@ The tree::
     │   └── InvalidResult             a processor's return value fails the job's result model
     ├── RedisUnavailable              Redis could not be reached or the connection broke
     ├── RedisOutOfMemory              Redis refused a write under ``maxmemory`` (noeviction)
+    ├── NotReplicated                 a durable add reached too few replicas in time
     ├── RedisRefused                  Redis refused a command for good (NOPERM, WRONGTYPE, ...)
     │   └── PermissionsMissing        the ACL user lacks commands or keys its role needs
     ├── UnsafeRedisConfig             Redis would silently drop queue keys (eviction policy)
@@ -55,6 +56,7 @@ __all__ = [
     "JobTimeout",
     "LeadershipLost",
     "LoadError",
+    "NotReplicated",
     "PayloadError",
     "PayloadTooLarge",
     "PermanentError",
@@ -190,6 +192,32 @@ class RedisUnavailable(StreamqError):
 
 class RedisOutOfMemory(StreamqError):
     """Raised when Redis refuses a write because it is at ``maxmemory`` (policy noeviction)."""
+
+
+class NotReplicated(StreamqError):
+    """Raised when a durable add was written on the primary but fewer replicas than asked
+    confirmed it before the timeout.
+
+    The job is not rolled back: it may run, or be lost if the primary fails before its
+    replicas catch up. ``job_ids`` are the jobs concerned, ``replicas`` how many replicas
+    confirmed (the fewest over those jobs) and ``wanted`` how many were asked for. Adding
+    again with the same ``job_id`` cannot make a second job within the dedup window.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        queue: str | None = None,
+        job_id: str | None = None,
+        job_ids: list[str] | None = None,
+        replicas: int = 0,
+        wanted: int = 0,
+    ) -> None:
+        super().__init__(message, queue=queue, job_id=job_id)
+        self.job_ids = job_ids or ([job_id] if job_id else [])
+        self.replicas = replicas
+        self.wanted = wanted
 
 
 class RedisRefused(StreamqError):

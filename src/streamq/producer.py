@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from streamq import ops
 from streamq._redis import Call, map_error, run_calls, run_calls_sync
 from streamq.contracts import JobSpec, Lane, QueueContract
+from streamq.durability import Durability, run_durable, run_durable_sync
 from streamq.durations import Duration, to_ms
 from streamq.envelope import (
     FIELD_NAMES,
@@ -519,10 +520,17 @@ class _BaseQueue(Generic[C, R]):
         max_payload_bytes: int | None = None,
         tenant_flags_staleness: Duration | None = DEFAULT_FLAG_STALENESS_S,
         group: str = DEFAULT_GROUP,
+        durable: Durability | None = None,
         _sharding_key: str | None = None,
     ) -> None:
         self.contract = contract
         self._lookup = Lookup(contract, prefix, group)
+        if durable is not None and not isinstance(durable, Durability):
+            raise ConfigurationError(
+                f"durable must be a Durability or None, got {type(durable).__name__}",
+                queue=contract.queue_name,
+            )
+        self.durable = durable
         self._planner = _Planner(
             contract,
             prefix=prefix,
@@ -650,6 +658,9 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
             every add from that long after on, while Redis answers. The view is read at most
             every half of it, never once per add. ``None`` ignores tenant flags. Only used
             when the contract has a ``tenant_field`` and a secondary lane.
+        durable: wait after each add until this many replicas confirmed it (``WAIT`` on
+            the connection that wrote it); too few in time raises
+            :class:`~streamq.errors.NotReplicated`. See :mod:`streamq.durability`.
 
     The first successful send to each lane also records the contract's fingerprint in the
     lane's meta hash (one extra call, once per ``Queue`` and its ``for_key`` views); see
@@ -720,7 +731,10 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
 
         Raises:
             UnknownJob, InvalidPayload, PayloadTooLarge: before anything is sent.
-            RedisUnavailable, RedisOutOfMemory: the job was not enqueued.
+            RedisUnavailable, RedisOutOfMemory: the job was not enqueued (or, for a
+                connection lost mid-reply, may have been: add with ``job_id`` to retry).
+            NotReplicated: with ``durable=``, the job is on the primary but too few
+                replicas confirmed it in time.
         """
         flags = self._planner.flags
         if flags is not None:
@@ -820,7 +834,11 @@ class Queue(_BaseQueue[C, redis_async.Redis | redis_async.RedisCluster]):
     async def _send(self, prepared: list[_Prepared]) -> list[str]:
         calls, groups = self._planner.calls(prepared)
         try:
-            replies = await run_calls(self.redis, calls, queue=self.name)
+            if self.durable is None:
+                replies = await run_calls(self.redis, calls, queue=self.name)
+            else:
+                replies = await run_durable(self.redis, calls, self.durable, queue=self.name,
+                                            job_ids=[[p.job_id for p in g] for g in groups])
         except Exception as exc:
             self._planner.failed(prepared, exc)
             raise
@@ -943,7 +961,11 @@ class SyncQueue(_BaseQueue[C, redis_sync.Redis | redis_sync.RedisCluster]):
     def _send(self, prepared: list[_Prepared]) -> list[str]:
         calls, groups = self._planner.calls(prepared)
         try:
-            replies = run_calls_sync(self.redis, calls, queue=self.name)
+            if self.durable is None:
+                replies = run_calls_sync(self.redis, calls, queue=self.name)
+            else:
+                replies = run_durable_sync(self.redis, calls, self.durable, queue=self.name,
+                                           job_ids=[[p.job_id for p in g] for g in groups])
         except Exception as exc:
             self._planner.failed(prepared, exc)
             raise
