@@ -41,6 +41,7 @@ __all__ = [
     "FakeRedisServer",
     "JobOutcome",
     "RedisCluster",
+    "RedisSentinel",
     "RedisServer",
     "RunReport",
     "TestRedis",
@@ -310,3 +311,90 @@ class RedisCluster:
     def stop(self) -> None:
         for n in self.nodes:
             n.stop(kill=True)
+
+
+class RedisSentinel:
+    """A ``redis-server --sentinel`` on a free loopback port watching one primary as
+    ``service``, with a short ``down_after_ms`` so that a test's failover takes seconds.
+
+    Start three (quorum 2) to let them agree that the primary is down and elect the one that
+    promotes a replica; :meth:`wait_peers` waits until they have found each other.
+    """
+
+    def __init__(
+        self,
+        binary: str,
+        *,
+        primary_port: int,
+        service: str = "mymaster",
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 5000,
+        port: int | None = None,
+    ) -> None:
+        self.binary = binary
+        self.port = port or free_port()
+        self.service = service
+        self.dir = tempfile.mkdtemp(prefix="streamq-sentinel-")
+        self.conf = os.path.join(self.dir, "sentinel.conf")
+        with open(self.conf, "w") as f:
+            f.write(
+                f"port {self.port}\nbind 127.0.0.1\nprotected-mode no\ndir {self.dir}\n"
+                f"sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}\n"
+                f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+                f"sentinel failover-timeout {service} {failover_timeout_ms}\n"
+                f"sentinel parallel-syncs {service} 1\n"
+            )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 10.0) -> RedisSentinel:
+        log = open(os.path.join(self.dir, "sentinel.log"), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [self.binary, self.conf, "--sentinel", "--loglevel", "warning"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        with redis.Redis(port=self.port, socket_connect_timeout=0.5) as client:
+            while True:
+                try:
+                    if client.ping():
+                        return self
+                except redis.ConnectionError:
+                    pass
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"redis sentinel exited early; see {self.dir}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"redis sentinel on port {self.port} did not start")
+                time.sleep(0.02)
+
+    def primary_port(self) -> int:
+        """The port of the primary this sentinel currently names for its service."""
+        with redis.Redis(port=self.port, socket_timeout=2) as client:
+            _, port = client.execute_command(
+                "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service
+            )
+        return int(port)
+
+    def wait_peers(self, sentinels: int, replicas: int, timeout_s: float = 20.0) -> None:
+        """Wait until this sentinel knows ``sentinels - 1`` other sentinels and
+        ``replicas`` replicas of its primary."""
+        deadline = time.monotonic() + timeout_s
+        with redis.Redis(port=self.port, socket_timeout=2) as client:
+            while True:
+                peers = client.execute_command("SENTINEL", "SENTINELS", self.service)
+                found = client.execute_command("SENTINEL", "REPLICAS", self.service)
+                if len(peers) >= sentinels - 1 and len(found) >= replicas:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"sentinel {self.port} found {len(peers)} peers and "
+                        f"{len(found)} replicas, wanted {sentinels - 1} and {replicas}"
+                    )
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.kill()
+        self.proc.wait(10)
+        self.proc = None

@@ -2,10 +2,18 @@
 
 from streamq.testing import (
     RedisCluster,
+    RedisSentinel,
     RedisServer,
     find_binary,
     free_cluster_ports,
     free_port,
 )
 
-__all__ = ["RedisCluster", "RedisServer", "find_binary", "free_cluster_ports", "free_port"]
+__all__ = [
+    "RedisCluster",
+    "RedisSentinel",
+    "RedisServer",
+    "find_binary",
+    "free_cluster_ports",
+    "free_port",
+]

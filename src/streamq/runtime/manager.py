@@ -42,6 +42,7 @@ from streamq.lifecycle import run_shutdown, run_startup
 from streamq.options import WorkerOptions
 from streamq.runtime.supervise import RedisStatus
 from streamq.runtime.worker import Worker
+from streamq.sentinel import SentinelURL
 from streamq.services import Service
 from streamq.tls import TLSConfig, check_tls_url, tls_options
 
@@ -60,8 +61,10 @@ class WorkerManager:
 
     Args:
         redis_url: where Redis is (``redis://`` or ``rediss://``; a cluster with
-            ``cluster=True``). The manager opens its own connections: fetch, settle and a
-            separate one for lock renewal.
+            ``cluster=True``; a primary watched by Sentinel with
+            ``redis+sentinel://host:port[,host:port...]/service[/db]``, see
+            :class:`~streamq.sentinel.SentinelURL`). The manager opens its own
+            connections: fetch, settle and a separate one for lock renewal.
         cluster: connect with ``RedisCluster``; each shard is then read on its own.
         prefix: key prefix shared with producers.
         group: the consumer group name.
@@ -97,6 +100,12 @@ class WorkerManager:
         check_tls_url(redis_url, tls)
         self.redis_url = redis_url
         self.cluster = cluster
+        self._sentinel = SentinelURL.parse(redis_url) if SentinelURL.matches(redis_url) else None
+        if self._sentinel is not None and cluster:
+            raise ConfigurationError(
+                "a redis+sentinel:// URL names one primary, not a Redis Cluster: "
+                "use cluster=False, or a redis:// URL of a cluster node"
+            )
         self.prefix = prefix
         self.group = group
         self.hooks = hooks or Hooks()
@@ -237,22 +246,24 @@ class WorkerManager:
     def _async_client(self, socket_timeout: float | None) -> Any:
         kw: dict[str, Any] = {"socket_timeout": socket_timeout, "socket_connect_timeout": 5,
                               **tls_options(self.tls)}
-        client = (
-            aioredis.RedisCluster.from_url(self.redis_url, **kw)
-            if self.cluster
-            else aioredis.Redis.from_url(self.redis_url, health_check_interval=15, **kw)
-        )
+        if self._sentinel is not None:
+            client: Any = self._sentinel.async_client(health_check_interval=15, **kw)
+        elif self.cluster:
+            client = aioredis.RedisCluster.from_url(self.redis_url, **kw)
+        else:
+            client = aioredis.Redis.from_url(self.redis_url, health_check_interval=15, **kw)
         self._clients.append(client)
         return client
 
     def _sync_client(self) -> Any:
         kw: dict[str, Any] = {"socket_timeout": 5, "socket_connect_timeout": 5,
                               **tls_options(self.tls)}
-        client = (
-            redis.RedisCluster.from_url(self.redis_url, **kw)
-            if self.cluster
-            else redis.Redis.from_url(self.redis_url, **kw)
-        )
+        if self._sentinel is not None:
+            client: Any = self._sentinel.sync_client(**kw)
+        elif self.cluster:
+            client = redis.RedisCluster.from_url(self.redis_url, **kw)
+        else:
+            client = redis.Redis.from_url(self.redis_url, **kw)
         self._sync_clients.append(client)
         return client
 
