@@ -55,6 +55,7 @@ from streamq.schedules import (
     Schedules,
     SyncSchedules,
 )
+from streamq.sentinel import SentinelURL
 from streamq.tenants import TenantFlag
 from streamq.tls import TLSConfig, connect, connect_sync
 
@@ -120,6 +121,7 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "Schedules",
+    "SentinelURL",
     "ShardDepth",
     "StartupHookFailed",
     "StreamqError",

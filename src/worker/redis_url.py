@@ -18,10 +18,15 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 
+from streamq.errors import ConfigurationError
+from streamq.sentinel import SCHEME as SENTINEL_SCHEME
+from streamq.sentinel import SentinelURL
+
 __all__ = ["check_redis_url", "database", "location"]
 
-SCHEMES = ("redis", "rediss", "unix")
-FORMS = "redis://[[user]:password@]host[:port][/db], rediss://... or unix:///path/to/redis.sock"
+SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
+FORMS = ("redis://[[user]:password@]host[:port][/db], rediss://..., unix:///path/to/redis.sock "
+         "or redis+sentinel://host:port[,host:port...]/service_name[/db]")
 _DB_PATH = re.compile(r"^/?(?P<db>[^/]*)/?$")
 _UNEXPECTED = re.compile(r"unexpected keyword argument '(?P<name>[^']+)'")
 
@@ -39,6 +44,8 @@ def check_redis_url(raw: str, *, cluster: bool) -> str:
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r} is not one of {', '.join(SCHEMES)}; "
                          f"expected {FORMS}")
+    if scheme == SENTINEL_SCHEME:
+        return _check_sentinel(url, cluster=cluster)
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # an unclosed IPv6 bracket
@@ -67,8 +74,21 @@ def check_redis_url(raw: str, *, cluster: bool) -> str:
     return url
 
 
+def _check_sentinel(url: str, *, cluster: bool) -> str:
+    if cluster:
+        raise ValueError("REDIS_CLUSTER=true cannot use a redis+sentinel:// URL: Sentinel "
+                         "watches one primary, not a cluster")
+    try:
+        SentinelURL.parse(url)
+    except ConfigurationError as exc:
+        raise ValueError(str(exc)) from None
+    return url
+
+
 def database(url: str) -> int:
     """The database index of a URL that passed :func:`check_redis_url`."""
+    if SentinelURL.matches(url):
+        return SentinelURL.parse(url).db
     parts = urlsplit(url)
     return _database(parts.path if parts.scheme != "unix" else "", parts.query)
 
@@ -77,6 +97,8 @@ def location(url: str | None, embedded_port: int) -> str:
     """Where Redis is, for a message: scheme, host and port, never the password."""
     if url is None:
         return f"the embedded Redis (127.0.0.1:{embedded_port})"
+    if SentinelURL.matches(url):
+        return SentinelURL.parse(url).where()
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return f"unix://{parts.path}"

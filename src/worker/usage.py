@@ -29,8 +29,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("WORKER_APP", "package.module:attribute", "required",
              "the streamq.app.App to run, e.g. myapp.worker:app"),
     Variable("REDIS_URL", "URL", "unset: embedded Redis",
-             "redis://[[user]:password@]host[:port][/db], rediss://... or "
-             "unix:///path/to/redis.sock"),
+             "redis://[[user]:password@]host[:port][/db], rediss://..., "
+             "unix:///path/to/redis.sock or, for a primary watched by Sentinel, "
+             "redis+sentinel://[[user]:password@]host:port[,host:port...]/service_name[/db]"
+             " (?sentinel_password=... when the sentinels need one)"),
     Variable("REDIS_CLUSTER", "bool", "false",
              "connect as a Redis Cluster client (needs REDIS_URL, database 0)"),
     Variable("REDIS_PREFIX", "string", DEFAULT_PREFIX, "key prefix; must match the producers'"),

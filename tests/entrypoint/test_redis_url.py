@@ -7,6 +7,7 @@ from subprocess import CompletedProcess
 
 import pytest
 
+from worker.redis_url import database, location
 from worker.settings import SettingsError, parse_settings
 
 from .helpers import clean_env, last_line, run_workers
@@ -60,6 +61,12 @@ def test_malformed_redis_url_exits_2_naming_it(
         ("unix://", "false", "needs the socket's path"),
         ("redis://host:6379/3", "true", "a Redis Cluster has only database 0"),
         ("unix:///run/redis.sock", "true", "not a unix socket"),
+        ("redis+sentinel://h1:26379,h2:26379", "false", "names no service"),
+        ("redis+sentinel://h1:26379/jobs/x", "false", "whole number >= 0, got 'x'"),
+        ("redis+sentinel://h1:nope/jobs", "false", "invalid port 'nope'"),
+        ("redis+sentinel://u:pw@h1:26379/jobs?colour=red", "false", "unknown option(s) colour"),
+        ("redis+sentinel://h1:26379/jobs/0/1", "false", "expected /service_name[/db]"),
+        ("redis+sentinel://h1:26379/jobs/0", "true", "cannot use a redis+sentinel:// URL"),
     ],
 )
 def test_every_redis_url_problem_is_named_before_connecting(
@@ -77,8 +84,16 @@ def test_every_redis_url_problem_is_named_before_connecting(
 @pytest.mark.parametrize(
     "url",
     ["redis://localhost", "redis://u:p@db.internal:6380/15", "rediss://h:6380/0?ssl_cert_reqs=required",
-     "unix:///run/redis.sock?db=2", "redis://[::1]:6379/1"],
+     "unix:///run/redis.sock?db=2", "redis://[::1]:6379/1",
+     "redis+sentinel://h1:26379,h2:26380/jobs/2",
+     "redis+sentinel://u:p@h1:26379/jobs?sentinel_password=s"],
 )
 def test_valid_redis_urls_are_kept_as_given(url: str) -> None:
     env = {"WORKER_APP": "x:app", "QUEUE_CONSUMER_NOTES_IS_ENABLED": "true", "REDIS_URL": url}
     assert parse_settings(env, lanes=LANES).redis_url == url
+
+
+def test_a_sentinel_url_gives_its_database_and_a_location_without_the_password() -> None:
+    url = "redis+sentinel://u:hunter2@h1:26379,h2:26380/jobs/3"
+    assert database(url) == 3
+    assert location(url, 6390) == "redis+sentinel://h1:26379,h2:26380/jobs/3"
