@@ -14,7 +14,8 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 from streamq.contracts import ContractSet, Lane
-from streamq.errors import ContractError
+from streamq.errors import ConfigurationError, ContractError
+from streamq.sentinel import SentinelURL
 
 __all__ = [
     "CommandContext",
@@ -173,6 +174,11 @@ def print_json(data: Any, *, indent: int | None = 2) -> None:
 
 def masked(url: str) -> str:
     """``url`` with its password hidden."""
+    if SentinelURL.matches(url):
+        try:
+            return SentinelURL.parse(url).where()
+        except ConfigurationError:
+            return "redis+sentinel://..."
     try:
         parts = urlsplit(url)
         if parts.password is None:

@@ -63,6 +63,7 @@ from streamq.errors import (
 )
 from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX
 from streamq.loader import load_object
+from streamq.sentinel import SentinelURL
 from streamq.tls import TLSConfig, connect_sync
 
 __all__ = ["COMMAND_GROUPS", "CommandContext", "build_parser", "load_contracts", "main"]
@@ -276,9 +277,19 @@ def connect(url: str, *, cluster: bool, tls: TLSConfig | None = None) -> Any:
     """
     kw: dict[str, Any] = {"socket_connect_timeout": 3, "socket_timeout": 10}
     try:
-        client = connect_sync(url, tls=tls, cluster=cluster, **kw)
+        if SentinelURL.matches(url):
+            if cluster:
+                raise UsageError("--cluster cannot use a redis+sentinel:// URL")
+            if tls is not None:
+                raise UsageError("TLS options cannot be used with a redis+sentinel:// URL")
+            try:
+                client: Any = SentinelURL.parse(url).sync_client(**kw)
+            except ConfigurationError as exc:
+                raise UsageError(f"invalid Redis URL: {exc}") from exc
+        else:
+            client = connect_sync(url, tls=tls, cluster=cluster, **kw)
         client.ping()
-    except ConfigurationError:
+    except (ConfigurationError, UsageError):
         raise
     except ValueError as exc:
         raise UsageError(f"invalid Redis URL {masked(url)!r}: {exc}") from exc

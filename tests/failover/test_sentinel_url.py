@@ -50,3 +50,12 @@ def test_worker_manager_refuses_a_sentinel_url_in_cluster_mode():
 def test_worker_manager_refuses_a_malformed_sentinel_url_before_connecting():
     with pytest.raises(ConfigurationError, match="names no service"):
         WorkerManager(redis_url="redis+sentinel://h:26379")
+
+
+def test_the_admin_cli_never_shows_the_password_of_a_sentinel_url():
+    from streamq._cli_support import masked
+
+    assert masked("redis+sentinel://u:hunter2@h1:26379,h2:26380/jobs/1") == (
+        "redis+sentinel://h1:26379,h2:26380/jobs/1"
+    )
+    assert "hunter2" not in masked("redis+sentinel://u:hunter2@h1:26379")
