@@ -197,6 +197,13 @@ async def run_durable(
     for _ in range(_ROUNDS):
         if not plan.todo:
             break
+        if _is_cluster(client):
+            # A fresh client has no slot table yet; one marked stale by a failed call
+            # refreshes it here (both no-ops otherwise).
+            try:
+                await client.initialize()
+            except Exception as exc:
+                raise (map_error(exc, queue=queue) or exc) from exc
         for node, indexes in plan.by_node(client):
             await _send_async(client, node, plan, indexes)
         if plan.moved:
