@@ -230,7 +230,7 @@ class RedisCluster:
         )
         self.wait_ok(30)
         if self.replicas:
-            self._wait_replicas_linked(30)
+            self.wait_replicas_linked(30)
         return self
 
     def wait_ok(self, timeout_s: float) -> None:
@@ -251,13 +251,20 @@ class RedisCluster:
             return False
         return bool(info.get("cluster_state") == "ok")
 
-    def _wait_replicas_linked(self, timeout_s: float) -> None:
+    def wait_replicas_linked(self, timeout_s: float) -> None:
+        """Wait until every replica the cluster should have is linked to its primary (first
+        sync done): after a restarted node rejoined, before it can take over again."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             linked = 0
             for n in self.nodes:
-                with redis.Redis(port=n.port) as client:
-                    info = client.info("replication")
+                if n.proc is None:
+                    continue
+                try:
+                    with redis.Redis(port=n.port, socket_timeout=1) as client:
+                        info = client.info("replication")
+                except redis.RedisError:
+                    continue
                 if info.get("role") == "slave" and info.get("master_link_status") == "up":
                     linked += 1
             if linked == len(self.nodes) - len(self.nodes) // (1 + self.replicas):

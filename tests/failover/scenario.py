@@ -1,13 +1,16 @@
-"""One failover run on a replicated Redis Cluster, measured.
+"""One failover run on a replicated Redis Cluster, measured for plain and durable adds.
 
-A producer adds jobs with ids from a counter and keeps a ledger of every add that returned
-success; an in-process worker (the full runtime: readers, settler, renewal thread, reclaimer)
-records each run. The primary serving shard 0 is SIGKILLed mid-stream, a replica takes over,
-and the killed node is started again (it rejoins as the new primary's replica, as an operator
-or orchestrator would bring it back). Neither producer nor worker is restarted.
+Two producers add jobs side by side, each to its own queue: one with plain adds, one with
+durable adds (``Durability(replicas=1)``). Each keeps a ledger of the adds that returned
+success. One in-process worker (the whole runtime: readers, settler, renewal thread,
+reclaimer) consumes both queues and records each run. The primary serving shard 0 of the
+plain queue (and shards of the durable one) is SIGKILLed mid-stream; a replica takes over;
+the killed node is started again and rejoins as the new primary's replica, as an operator
+or orchestrator would bring it back. Neither the producers nor the worker is restarted.
 
-The figures: how long the producer and the worker took to succeed again on the shards of the
-killed primary, how many acknowledged adds never ran (lost), and how many jobs ran twice.
+The figures, per mode: how long the producer and the worker took to succeed again on the
+shards of the killed primary, how many acknowledged adds never ran (lost), and how many
+jobs ran more than once.
 """
 
 from __future__ import annotations
@@ -42,14 +45,20 @@ class Item(BaseModel):
     n: int
 
 
-class Failover(QueueContract, name="failover", shards=SHARDS):
+class Plain(QueueContract, name="failover-plain", shards=SHARDS):
+    item = job("item", Item)
+
+
+class Durable(QueueContract, name="failover-durable", shards=SHARDS):
     item = job("item", Item)
 
 
 @dataclass
 class Figures:
-    """What one run measured (times in seconds from the SIGKILL)."""
+    """What one mode measured (times in seconds from the SIGKILL; the recovery fields are
+    those of the last kill, the worst ones over every kill of the run)."""
 
+    mode: str
     acknowledged: int = 0
     not_replicated: int = 0
     unavailable: int = 0
@@ -58,14 +67,17 @@ class Figures:
     lost: list[str] = field(default_factory=list)
     ran_twice: list[str] = field(default_factory=list)
     runs: int = 0
+    worst_producer_s: float = 0.0
+    worst_worker_s: float = 0.0
 
-    def line(self, mode: str) -> str:
+    def line(self) -> str:
         return (
-            f"[failover figures] mode={mode} acknowledged={self.acknowledged} "
+            f"[failover figures] mode={self.mode} acknowledged={self.acknowledged} "
             f"runs={self.runs} lost={len(self.lost)} ran_twice={len(self.ran_twice)} "
             f"unavailable_adds={self.unavailable} not_replicated_adds={self.not_replicated} "
             f"producer_recovery_s={_fmt(self.producer_recovery_s)} "
-            f"worker_recovery_s={_fmt(self.worker_recovery_s)}"
+            f"worker_recovery_s={_fmt(self.worker_recovery_s)} (worst over kills: "
+            f"producer {_fmt(self.worst_producer_s)}, worker {_fmt(self.worst_worker_s)})"
         )
 
 
@@ -73,29 +85,30 @@ def _fmt(v: float | None) -> str:
     return "never" if v is None else f"{v:.2f}"
 
 
-class _Run:
-    def __init__(self, cluster: RedisCluster, prefix: str, durable: Durability | None) -> None:
-        self.cluster = cluster
-        self.prefix = prefix
-        self.durable = durable
-        self.keys = QueueKeys(prefix, "failover", SHARDS)
-        self.acked: dict[str, float] = {}  # job id -> when its add returned
-        self.runs: list[tuple[str, float]] = []
-        self.figures = Figures()
+class _Ledger:
+    """One producer's acknowledged adds and the worker's runs of its queue."""
+
+    def __init__(self, contract: type[QueueContract], prefix: str, mode: str) -> None:
+        self.contract = contract
+        self.keys = QueueKeys(prefix, contract.queue_name, SHARDS)
+        self.acked: dict[str, float] = {}  # job id -> when its (successful) add was sent
+        self.runs: list[str] = []
+        self.figures = Figures(mode)
         self.killed_at: float | None = None
         self.hit_shards: set[str] = set()
-        self.stop = False
 
-    def shard_of(self, job_id: str) -> str:
-        return self.keys.for_key(job_id).name
+    def hit(self, job_id: str) -> bool:
+        return self.killed_at is not None and self.keys.for_key(job_id).name in self.hit_shards
 
-    async def produce(self, queue: Queue[Failover]) -> None:
+    async def produce(self, queue: Queue[QueueContract], stop: asyncio.Event) -> None:
+        spec = self.contract.jobs["item"]
         n = 0
-        while not self.stop:
+        while not stop.is_set():
             n += 1
-            job_id = f"j{n}"
+            job_id = f"{self.figures.mode}-{n}"
+            started = time.monotonic()
             try:
-                await queue.add(Failover.item, Item(n=n), job_id=job_id)
+                await queue.add(spec, Item(n=n), job_id=job_id)
             except NotReplicated:
                 self.figures.not_replicated += 1
                 await asyncio.sleep(0.01)
@@ -105,22 +118,36 @@ class _Run:
                 await asyncio.sleep(0.01)
                 continue
             now = time.monotonic()
-            self.acked[job_id] = now
-            if (self.killed_at is not None and self.figures.producer_recovery_s is None
-                    and self.shard_of(job_id) in self.hit_shards):
-                self.figures.producer_recovery_s = now - self.killed_at
-            # A steady, modest rate: the run measures failover, not throughput.
-            if n % 20 == 0:
+            self.acked[job_id] = started
+            # Recovered: an add sent after the kill, to a shard of the killed node, succeeded.
+            if (self.figures.producer_recovery_s is None and self.hit(job_id)
+                    and started > self.killed_at):  # type: ignore[operator]
+                self.figures.producer_recovery_s = now - self.killed_at  # type: ignore[operator]
+            if n % 20 == 0:  # a steady, modest rate: the run measures failover, not speed
                 await asyncio.sleep(0.005)
 
     def ran(self, job_id: str) -> None:
-        now = time.monotonic()
-        self.runs.append((job_id, now))
+        self.runs.append(job_id)
         added = self.acked.get(job_id)
-        if (self.killed_at is not None and self.figures.worker_recovery_s is None
-                and added is not None and added > self.killed_at
-                and self.shard_of(job_id) in self.hit_shards):
-            self.figures.worker_recovery_s = now - self.killed_at
+        if (self.figures.worker_recovery_s is None and added is not None
+                and self.hit(job_id) and added > self.killed_at):  # type: ignore[operator]
+            self.figures.worker_recovery_s = time.monotonic() - self.killed_at  # type: ignore[operator]
+
+    def recovered(self) -> bool:
+        f = self.figures
+        return f.producer_recovery_s is not None and f.worker_recovery_s is not None
+
+    def finish(self) -> Figures:
+        ran = Counter(self.runs)
+        f = self.figures
+        if f.producer_recovery_s is not None and f.worker_recovery_s is not None:
+            f.worst_producer_s = max(f.worst_producer_s, f.producer_recovery_s)
+            f.worst_worker_s = max(f.worst_worker_s, f.worker_recovery_s)
+        f.acknowledged = len(self.acked)
+        f.runs = len(self.runs)
+        f.lost = sorted(set(self.acked) - set(ran))
+        f.ran_twice = sorted(j for j, c in ran.items() if c > 1)
+        return f
 
 
 async def _wait(pred: object, timeout_s: float, what: str) -> None:
@@ -132,15 +159,22 @@ async def _wait(pred: object, timeout_s: float, what: str) -> None:
 
 
 async def run_failover(
-    cluster: RedisCluster, prefix: str, *, durable: Durability | None, steady_s: float = 1.5
-) -> Figures:
-    """Produce and process, SIGKILL a primary, bring it back, drain; return the figures."""
-    run = _Run(cluster, prefix, durable)
-    app = App([Failover])
-
-    @app.processor(Failover, concurrency=20, lock_duration=5, block_timeout=0.2)
-    async def handle(job: Job[Item]) -> None:
-        run.ran(job.id)
+    cluster: RedisCluster,
+    prefix: str,
+    *,
+    kills: int = 1,
+    steady_s: float = 1.5,
+    durability: Durability | None = None,
+) -> tuple[Figures, Figures]:
+    """Produce and process, SIGKILL a primary ``kills`` times (bringing it back each time),
+    drain; return the figures of plain and durable adds."""
+    plain = _Ledger(Plain, prefix, "plain")
+    durable = _Ledger(Durable, prefix, "durable")
+    app = App([Plain, Durable])
+    for ledger in (plain, durable):
+        @app.processor(ledger.contract, concurrency=20, lock_duration=5, block_timeout=0.2)
+        async def handle(job: Job[Item], ledger: _Ledger = ledger) -> None:
+            ledger.ran(job.id)
 
     host, port = cluster.startup_nodes[0]
     manager = WorkerManager(redis_url=f"redis://{host}:{port}/0", cluster=True, prefix=prefix)
@@ -151,40 +185,55 @@ async def run_failover(
     )
     await client.initialize()
     await manager.start()
-    producer: asyncio.Task[None] | None = None
+    stop = asyncio.Event()
+    producers: list[asyncio.Task[None]] = []
     try:
-        queue = Queue(Failover, client, prefix=prefix, durable=durable)
-        producer = asyncio.create_task(run.produce(queue))
-        await _wait(lambda: len(run.runs) >= 200, 30, "the first runs")
-        await asyncio.sleep(steady_s)
-
-        target = run.keys.shards[0].stream
-        old = cluster.primary_port_for_key(target)
-        run.hit_shards = {s.name for s in run.keys.shards
-                          if cluster.primary_port_for_key(s.stream) == old}
-        run.killed_at = time.monotonic()
-        cluster.kill_primary(target)
-        await asyncio.to_thread(cluster.wait_failover, target, old, 30)
-        # The old primary comes back as the replica of the node that replaced it.
-        await asyncio.to_thread(cluster.node_at(old).start)
-        await _wait(lambda: run.figures.worker_recovery_s is not None
-                    and run.figures.producer_recovery_s is not None,
-                    40, "producer and worker to succeed again on the failed-over shards")
+        producers = [
+            asyncio.create_task(plain.produce(Queue(Plain, client, prefix=prefix), stop)),
+            asyncio.create_task(durable.produce(Queue(
+                Durable, client, prefix=prefix,
+                durable=durability or Durability(replicas=1, timeout=0.5),
+            ), stop)),
+        ]
+        await _wait(lambda: len(plain.runs) >= 200 and len(durable.runs) >= 200, 30,
+                    "the first runs")
+        for _ in range(kills):
+            await asyncio.sleep(steady_s)
+            await _kill_and_return(cluster, plain, durable)
         await asyncio.sleep(1.0)
-        run.stop = True
-        await producer
+        stop.set()
+        await asyncio.gather(*producers)
         await manager.run_until_idle(timeout_s=30)
     finally:
-        run.stop = True
-        if producer is not None and not producer.done():
-            producer.cancel()
+        stop.set()
+        for p in producers:
+            if not p.done():
+                p.cancel()
         await manager.close_workers(timeout_s=2)
         await client.aclose()
+    return plain.finish(), durable.finish()
 
-    ran = Counter(j for j, _ in run.runs)
-    f = run.figures
-    f.acknowledged = len(run.acked)
-    f.runs = len(run.runs)
-    f.lost = sorted(set(run.acked) - set(ran))
-    f.ran_twice = sorted(j for j, c in ran.items() if c > 1)
-    return f
+
+async def _kill_and_return(cluster: RedisCluster, *ledgers: _Ledger) -> None:
+    target = ledgers[0].keys.shards[0].stream
+    old = cluster.primary_port_for_key(target)
+    for ledger in ledgers:
+        ledger.hit_shards = {s.name for s in ledger.keys.shards
+                             if cluster.primary_port_for_key(s.stream) == old}
+        assert ledger.hit_shards, f"no shard of {ledger.contract.queue_name} on the node"
+        f = ledger.figures
+        if f.producer_recovery_s is not None and f.worker_recovery_s is not None:
+            f.worst_producer_s = max(f.worst_producer_s, f.producer_recovery_s)
+            f.worst_worker_s = max(f.worst_worker_s, f.worker_recovery_s)
+        f.producer_recovery_s = f.worker_recovery_s = None
+    killed_at = time.monotonic()
+    for ledger in ledgers:
+        ledger.killed_at = killed_at
+    cluster.kill_primary(target)
+    await asyncio.to_thread(cluster.wait_failover, target, old, 30)
+    # The old primary comes back as the replica of the node that replaced it.
+    await asyncio.to_thread(cluster.node_at(old).start)
+    await _wait(lambda: all(ledger.recovered() for ledger in ledgers), 40,
+                "producers and worker to succeed again on the failed-over shards")
+    # Ready for the next kill only once the returned node holds a full copy again.
+    await asyncio.to_thread(cluster.wait_replicas_linked, 30)
