@@ -126,3 +126,55 @@ async def test_worker_keeps_processing_after_a_sentinel_failover_without_restart
     # Asynchronous replication may lose what the dead primary acknowledged last; it
     # cannot lose more than the adds made around the kill.
     assert len(lost) < len(acked) // 10, lost[:20]
+
+
+def test_python_m_worker_with_a_sentinel_redis_url_drains_across_a_failover(
+    primary, replica, sentinels, prefix, tmp_path: Path
+):
+    from streamq import JobRequest, SyncQueue
+    from tests.entrypoint.helpers import WorkerProcess, clean_env, wait_for
+    from tests.entrypoint.sample_app import Note, Notes
+
+    url = "redis+sentinel://" + ",".join(f"127.0.0.1:{s.port}" for s in sentinels) + "/jobs/0"
+    client = SentinelURL.parse(url).sync_client(socket_timeout=5, socket_connect_timeout=2)
+    notes = SyncQueue(Notes, client, prefix=prefix)
+    keys = QueueKeys(prefix, Notes.queue_name, Notes.primary.shards)
+
+    def ready_left() -> int:
+        try:
+            return sum(client.xlen(s.stream) + client.zcard(s.delayed) for s in keys.shards)
+        except redis.RedisError:
+            return -1  # mid-failover: ask again
+
+    # n % 5 == 0 fails on purpose in the sample app: only other numbers here.
+    numbers = [n for n in range(1, 400) if n % 5]
+    worker = WorkerProcess(
+        clean_env(WORKER_APP="tests.entrypoint.sample_app:app", REDIS_URL=url,
+                  REDIS_PREFIX=prefix, QUEUE_CONSUMER_NOTES_IS_ENABLED="true",
+                  LOG_FORMAT="json"),
+        tmp_path / "worker.log",
+    )
+    try:
+        worker.wait_consuming(timeout_s=30)
+        notes.add_bulk(JobRequest(Notes.note, Note(n=n)) for n in numbers[:150])
+        wait_for(lambda: ready_left() == 0, 30, "the first jobs to drain")
+
+        primary.stop(kill=True)
+        wait_for(lambda: sentinels[0].primary_port() == replica.port, 40,
+                 "the sentinels to promote the replica")
+
+        def add_rest() -> bool:
+            try:
+                notes.add_bulk(JobRequest(Notes.note, Note(n=n), job_id=f"after-{n}")
+                               for n in numbers[150:])
+            except RedisUnavailable:
+                return False  # the client's connection still pointed at the dead primary
+            return True
+
+        wait_for(add_rest, 30, "an add to reach the promoted replica")
+        wait_for(lambda: ready_left() == 0, 40, "jobs added after the failover to drain")
+        assert worker.proc.poll() is None, worker.log  # the same process, never restarted
+        assert worker.terminate() == 0
+    finally:
+        worker.kill()
+        client.close()
