@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -227,7 +228,10 @@ def run_durable_sync(
         for node, indexes in plan.by_node(client):
             _send_sync(client, node, plan, indexes)
         if plan.moved:
-            client.nodes_manager.initialize()
+            try:
+                client.nodes_manager.initialize()
+            except Exception as exc:
+                raise (map_error(exc, queue=queue) or exc) from exc
     return plan.result(job_ids)
 
 
@@ -254,7 +258,11 @@ async def _send_async(client: Any, node: Any, plan: _Plan, indexes: list[int]) -
         except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError) as exc:
             await conn.disconnect()
             if node is not None:
-                await _refresh_async(client)
+                # The node may be gone for good (a failover): ask the live nodes for the slot
+                # table now, so the next add goes where they say. While the failover is
+                # still under way they name the dead node again, and the next add asks again.
+                with contextlib.suppress(Exception):
+                    await client.nodes_manager.initialize()
             raise (map_error(exc, queue=plan.queue) or exc) from exc
     finally:
         result = release(conn)
@@ -273,7 +281,8 @@ def _send_sync(client: Any, node: Any, plan: _Plan, indexes: list[int]) -> None:
         except (ConnectionError, OSError, redis.ConnectionError, redis.TimeoutError) as exc:
             conn.disconnect()
             if node is not None:
-                client.nodes_manager.initialize()
+                with contextlib.suppress(Exception):  # see _send_async
+                    client.nodes_manager.initialize()
             raise (map_error(exc, queue=plan.queue) or exc) from exc
     finally:
         pool.release(conn)
