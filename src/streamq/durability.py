@@ -35,7 +35,13 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError
+from redis.exceptions import (
+    AskError,
+    MovedError,
+    NoScriptError,
+    ResponseError,
+    SlotNotCoveredError,
+)
 
 from streamq._redis import Call, map_error
 from streamq.durations import Duration, to_ms
@@ -139,7 +145,15 @@ class _Plan:
             return [(None, todo)]
         groups: dict[str, tuple[Any, list[int]]] = {}
         for i in todo:
-            node = client.get_node_from_key(self.calls[i].keys[0])
+            key = self.calls[i].keys[0]
+            try:
+                node = client.get_node_from_key(key)
+            except SlotNotCoveredError as exc:  # mid-failover: no primary serves the slot
+                raise RedisUnavailable(
+                    f"queue {self.queue!r}: no primary serves the slot of {key!r} now "
+                    "(a failover in progress?)",
+                    queue=self.queue,
+                ) from exc
             groups.setdefault(node.name, (node, []))[1].append(i)
         return list(groups.values())
 
