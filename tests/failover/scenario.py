@@ -16,10 +16,12 @@ jobs ran more than once.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import redis
 from pydantic import BaseModel
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -165,15 +167,29 @@ async def run_failover(
     kills: int = 1,
     steady_s: float = 1.5,
     durability: Durability | None = None,
+    lag_s: float = 0.0,
 ) -> tuple[Figures, Figures]:
     """Produce and process, SIGKILL a primary ``kills`` times (bringing it back each time),
-    drain; return the figures of plain and durable adds."""
+    drain; return the figures of plain and durable adds.
+
+    With ``lag_s``, the replica that will be promoted falls behind for that long just before
+    the kill, as a replica on a slow or congested link would: it is stopped (SIGSTOP) and the
+    primary drops its link, so what the primary acknowledges meanwhile stays in its backlog
+    only; the primary is SIGKILLed, then the replica resumes (SIGCONT) and is promoted. What
+    plain adds were acknowledged in that window is lost; durable adds raise NotReplicated.
+    Keep ``lag_s`` under the cluster-node-timeout, or the cluster fails the replica too.
+    The worker is held busy from the lag until the failover, so that the jobs added in the
+    window wait in the streams (as under load) instead of running at once from the primary
+    that is about to die."""
     plain = _Ledger(Plain, prefix, "plain")
     durable = _Ledger(Durable, prefix, "durable")
     app = App([Plain, Durable])
+    busy_until = asyncio.Event()  # cleared while the worker is to be held busy
+    busy_until.set()
     for ledger in (plain, durable):
         @app.processor(ledger.contract, concurrency=20, lock_duration=5, block_timeout=0.2)
         async def handle(job: Job[Item], ledger: _Ledger = ledger) -> None:
+            await busy_until.wait()
             ledger.ran(job.id)
 
     host, port = cluster.startup_nodes[0]
@@ -199,7 +215,7 @@ async def run_failover(
                     "the first runs")
         for _ in range(kills):
             await asyncio.sleep(steady_s)
-            await _kill_and_return(cluster, plain, durable)
+            await _kill_and_return(cluster, plain, durable, lag_s=lag_s, busy=busy_until)
         await asyncio.sleep(1.0)
         stop.set()
         await asyncio.gather(*producers)
@@ -214,7 +230,20 @@ async def run_failover(
     return plain.finish(), durable.finish()
 
 
-async def _kill_and_return(cluster: RedisCluster, *ledgers: _Ledger) -> None:
+def _replica_of(cluster: RedisCluster, primary_port: int) -> int:
+    return next(port for _, port in cluster.startup_nodes
+                if _master_port(port) == primary_port)
+
+
+def _master_port(port: int) -> int | None:
+    with redis.Redis(port=port) as r:
+        info = r.info("replication")
+    return int(info["master_port"]) if info.get("role") == "slave" else None
+
+
+async def _kill_and_return(
+    cluster: RedisCluster, *ledgers: _Ledger, lag_s: float, busy: asyncio.Event
+) -> None:
     target = ledgers[0].keys.shards[0].stream
     old = cluster.primary_port_for_key(target)
     for ledger in ledgers:
@@ -226,11 +255,21 @@ async def _kill_and_return(cluster: RedisCluster, *ledgers: _Ledger) -> None:
             f.worst_producer_s = max(f.worst_producer_s, f.producer_recovery_s)
             f.worst_worker_s = max(f.worst_worker_s, f.worker_recovery_s)
         f.producer_recovery_s = f.worker_recovery_s = None
+    lagging = cluster.node_at(_replica_of(cluster, old)) if lag_s else None
+    if lagging is not None and lagging.proc is not None:
+        busy.clear()
+        lagging.proc.send_signal(signal.SIGSTOP)
+        with redis.Redis(port=old) as r:
+            r.execute_command("CLIENT", "KILL", "TYPE", "replica")
+        await asyncio.sleep(lag_s)
     killed_at = time.monotonic()
     for ledger in ledgers:
         ledger.killed_at = killed_at
     cluster.kill_primary(target)
+    if lagging is not None and lagging.proc is not None:
+        lagging.proc.send_signal(signal.SIGCONT)
     await asyncio.to_thread(cluster.wait_failover, target, old, 30)
+    busy.set()
     # The old primary comes back as the replica of the node that replaced it.
     await asyncio.to_thread(cluster.node_at(old).start)
     await _wait(lambda: all(ledger.recovered() for ledger in ledgers), 40,

@@ -31,6 +31,24 @@ async def test_killed_primary_fails_over_and_durable_adds_lose_no_acknowledged_j
     assert len(plain.lost) < plain.acknowledged // 10, plain.lost[:20]
 
 
+@pytest.mark.timeout(90)
+async def test_with_a_lagging_replica_plain_adds_are_lost_and_durable_adds_are_not(
+    replicated_cluster, prefix
+):
+    plain, durable = await run_failover(replicated_cluster, prefix, lag_s=0.5)
+    print(plain.line() + " lag_s=0.5")
+    print(durable.line() + " lag_s=0.5")
+    # The replica missed every write of the last 0.5 s and the worker had not run them yet:
+    # plain adds acknowledged then are gone, which shows the ledger does see a loss...
+    assert plain.lost, plain.line()
+    # ...while no durable add that returned is lost: those the replica could not confirm
+    # raised NotReplicated instead.
+    assert durable.lost == []
+    assert durable.not_replicated > 0
+    assert plain.worker_recovery_s is not None
+    assert durable.worker_recovery_s is not None
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_three_primary_kills_in_a_row_lose_no_durable_add(replicated_cluster, prefix):
