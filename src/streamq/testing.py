@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 
 import redis
+from redis.crc import key_slot
 
 from streamq._test_redis import FAKE_LIMITS, FakeRedisServer, TestRedis, start_test_redis
 from streamq._test_run import JobOutcome, RunReport, make_job, run_app_until_idle
@@ -281,18 +282,22 @@ class RedisCluster:
 
     def primary_port_for_key(self, key: str) -> int:
         """The port of the primary that serves ``key``'s slot now, as a live node sees it."""
+        return self.primary_port_for_slot(key_slot(key.encode()))
+
+    def primary_port_for_slot(self, slot: int) -> int:
+        """The port of the primary that serves ``slot`` now, as a live node sees it. The
+        primary of slot 0 is the default node of redis-py's cluster clients."""
         for n in self.nodes:
             if n.proc is None:
                 continue
             try:
                 with redis.Redis(port=n.port, socket_timeout=1) as client:
-                    slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
                     for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS"):
                         if int(start) <= slot <= int(end):
                             return int(primary[1])
             except redis.RedisError:
                 continue
-        raise RuntimeError(f"no live node knows who serves {key!r}")
+        raise RuntimeError(f"no live node knows who serves slot {slot}")
 
     def kill_primary(self, key: str) -> int:
         """SIGKILL the primary serving ``key``; returns its port."""

@@ -98,6 +98,7 @@ class _Ledger:
         self.figures = Figures(mode)
         self.killed_at: float | None = None
         self.hit_shards: set[str] = set()
+        self.shards_run_since_kill: set[str] = set()
 
     def hit(self, job_id: str) -> bool:
         return self.killed_at is not None and self.keys.for_key(job_id).name in self.hit_shards
@@ -131,6 +132,8 @@ class _Ledger:
     def ran(self, job_id: str) -> None:
         self.runs.append(job_id)
         added = self.acked.get(job_id)
+        if added is not None and self.killed_at is not None and added > self.killed_at:
+            self.shards_run_since_kill.add(self.keys.for_key(job_id).name)
         if (self.figures.worker_recovery_s is None and added is not None
                 and self.hit(job_id) and added > self.killed_at):  # type: ignore[operator]
             self.figures.worker_recovery_s = time.monotonic() - self.killed_at  # type: ignore[operator]
@@ -138,6 +141,11 @@ class _Ledger:
     def recovered(self) -> bool:
         f = self.figures
         return f.producer_recovery_s is not None and f.worker_recovery_s is not None
+
+    def every_shard_running(self) -> bool:
+        """Recovered, and jobs added after the kill ran on every shard: the readers of the
+        shards on live nodes must not be stuck on the dead one either."""
+        return self.recovered() and len(self.shards_run_since_kill) == SHARDS
 
     def finish(self) -> Figures:
         ran = Counter(self.runs)
@@ -244,8 +252,12 @@ def _master_port(port: int) -> int | None:
 async def _kill_and_return(
     cluster: RedisCluster, *ledgers: _Ledger, lag_s: float, busy: asyncio.Event
 ) -> None:
-    target = ledgers[0].keys.shards[0].stream
-    old = cluster.primary_port_for_key(target)
+    # Kill the primary of slot 0: redis-py's cluster clients take it as their default node,
+    # the one they ask which keys a command has; its death once left every reader failing
+    # for good. Each queue has shards there (their hash tags are fixed by the queue names).
+    old = cluster.primary_port_for_slot(0)
+    target = next(s.stream for s in ledgers[0].keys.shards
+                  if cluster.primary_port_for_key(s.stream) == old)
     for ledger in ledgers:
         ledger.hit_shards = {s.name for s in ledger.keys.shards
                              if cluster.primary_port_for_key(s.stream) == old}
@@ -255,6 +267,7 @@ async def _kill_and_return(
             f.worst_producer_s = max(f.worst_producer_s, f.producer_recovery_s)
             f.worst_worker_s = max(f.worst_worker_s, f.worker_recovery_s)
         f.producer_recovery_s = f.worker_recovery_s = None
+        ledger.shards_run_since_kill = set()
     lagging = cluster.node_at(_replica_of(cluster, old)) if lag_s else None
     if lagging is not None and lagging.proc is not None:
         busy.clear()
@@ -270,7 +283,13 @@ async def _kill_and_return(
         lagging.proc.send_signal(signal.SIGCONT)
     await asyncio.to_thread(cluster.wait_failover, target, old, 30)
     busy.set()
-    # The old primary comes back as the replica of the node that replaced it.
+    # Plain adds and the worker must recover while the killed node is still down (a node
+    # that answers again would hide a client still talking to it)...
+    await _wait(ledgers[0].every_shard_running, 40,
+                "plain adds and the worker to recover on every shard while the killed node "
+                "is down")
+    # ...then the old primary comes back as the replica of the node that replaced it, and
+    # durable adds to its shards can be confirmed again.
     await asyncio.to_thread(cluster.node_at(old).start)
     await _wait(lambda: all(ledger.recovered() for ledger in ledgers), 40,
                 "producers and worker to succeed again on the failed-over shards")
