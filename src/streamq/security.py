@@ -68,6 +68,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     # connection and server: no key
     "ping": (),
     "time": (),
+    "wait": ("0", "1"),
     "multi": (),
     "exec": (),
     "discard": (),
@@ -137,6 +138,7 @@ _PRODUCER = _JOB_CONTROL | frozenset({
     "xadd",                      # a ready job without a dedup id: one plain XADD
     "set", "zadd", "hset",       # enqueue.lua: dedup marker, delayed job; the fingerprint
     "zrange", "hmget",           # tenant_flags.lua: the flagged tenants it routes
+    "wait",                      # a durable add: how many replicas have it
 })
 # tenant_flag.lua: flag or unflag a tenant (a processor's job.flag_tenant, an operator)
 _TENANT_FLAG = frozenset({

@@ -158,3 +158,18 @@ def test_queue_refuses_a_durable_option_that_is_not_a_durability(redis_server):
             SyncQueue(Durable, client, durable=1)  # type: ignore[arg-type]
     finally:
         client.close()
+
+
+async def test_durable_add_runs_under_the_producer_acl_role(primary, replica, prefix):
+    from streamq.security import acl_rules
+
+    with redis.Redis(port=primary.port) as admin:
+        admin.execute_command("ACL", "SETUSER", "durable-producer", "on", ">pw",
+                              *acl_rules("producer", prefix=prefix))
+    client = aioredis.Redis(port=primary.port, username="durable-producer", password="pw")
+    try:
+        queue = Queue(Durable, client, prefix=prefix, durable=Durability(replicas=1))
+        await queue.add(Durable.item, Item(n=1), job_id="acl-1")
+        assert _stream_total(replica.port, prefix) == 1
+    finally:
+        await client.aclose()
