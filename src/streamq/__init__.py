@@ -5,6 +5,7 @@ from streamq.app import App
 from streamq.backoff import Backoff
 from streamq.compat import Change, assert_compatible, check_compatible, snapshot
 from streamq.contracts import ContractSet, JobDefaults, JobSpec, Lane, QueueContract, job
+from streamq.dashboard import create_app as create_dashboard_app
 from streamq.deadletters import DeadLetter, DeadLetters, SyncDeadLetters
 from streamq.durability import Durability
 from streamq.durations import Duration
@@ -140,6 +141,7 @@ __all__ = [
     "check_compatible",
     "connect",
     "connect_sync",
+    "create_dashboard_app",
     "job",
     "snapshot",
 ]

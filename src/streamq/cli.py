@@ -11,6 +11,7 @@ Usage::
     streamq tenant flag ingestion project-7 --for 10m --reason "upstream 429s"
     streamq job 5f2c... --queue ingestion --json    # a tracked job's status (--cancel)
     streamq worker                                  # the same as python -m worker
+    streamq dashboard --port 8081                   # the web dashboard (its own options)
 
 Global options go before or after the subcommand (``streamq depth --redis-url ...``), and
 every one has an environment variable, the same the worker reads (this entry point reads the
@@ -98,6 +99,15 @@ def add_tool_commands(cmds: Any, common: argparse.ArgumentParser) -> None:
     )
 
 
+def add_dashboard_command(cmds: Any, common: argparse.ArgumentParser) -> None:
+    """``streamq dashboard``: handled before parsing (see :func:`main`); listed for ``--help``."""
+    cmds.add_parser(
+        "dashboard",
+        help="serve the web dashboard (streamq dashboard --help lists its options)",
+        add_help=False,
+    )
+
+
 COMMAND_GROUPS: list[CommandGroup] = [
     add_depth_commands,
     add_dead_commands,
@@ -107,6 +117,7 @@ COMMAND_GROUPS: list[CommandGroup] = [
     add_schedule_commands,
     add_worker_command,
     add_tool_commands,
+    add_dashboard_command,
 ]
 """Every group of subcommands, in ``--help`` order."""
 
@@ -338,6 +349,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         from streamq.embedded import main as embedded_main
 
         return embedded_main(argv[1:])
+    if argv[:1] == ["dashboard"]:
+        from streamq.dashboard.cli import main as dashboard_main
+
+        return dashboard_main(argv[1:], env)
     args = build_parser().parse_args(argv)
     if args.command == "worker":  # options before it: the worker has none to take
         return _fail(EXIT_USAGE, "streamq worker takes no options: it is configured by "

@@ -39,6 +39,7 @@ from streamq.observe import (
     start,
 )
 from streamq.runtime.manager import WorkerManager
+from worker.dashboard import start_dashboard
 from worker.failures import EXIT_FAILED, EXIT_OK, EXIT_USAGE, explain
 from worker.logs import configure_logging
 from worker.loops import loop_factory, loop_name
@@ -173,8 +174,10 @@ async def run(
         raise
     shutdown.workers = list(manager.workers)
     server = None
+    dashboard = None
     try:
         server = await _serve(manager, obs_config)
+        dashboard = await start_dashboard(settings, app, url)
         if ready is not None:
             ready(server.port)
         _log.info("consuming", extra={"queues": list(settings.queues),
@@ -185,6 +188,8 @@ async def run(
                                       "metrics_port": server.port})
         await stop.wait()
     finally:
+        if dashboard is not None:
+            await dashboard.close()
         if server is not None:
             await server.close()
         await manager.close_workers()

@@ -115,6 +115,7 @@ def main(env: Mapping[str, str], argv: Sequence[str], shutdown: Shutdown) -> int
         processes=1,
         metrics_host="127.0.0.1",
         metrics_port=None if settings.metrics_port is None else 0,
+        dashboard_enabled=False,  # the supervisor serves it for the whole fleet
     )
     return run_loop(settings, lambda: _child(settings, app, shutdown, report, parent_pid),
                     shutdown)

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
 import traceback
@@ -61,6 +62,8 @@ _SCHEDULE_FLAG_RE = re.compile(r"^SCHEDULE_.+_IS_ENABLED$")
 _RUNNER_FLAG_RE = re.compile(r"^RUNNER_.+_IS_ENABLED$")
 
 DEFAULT_EMBEDDED_PORT = 6390
+DEFAULT_DASHBOARD_PORT = 8081
+MIN_DASHBOARD_TOKEN_CHARS = 16
 MAX_PROCESSES = 1024
 MAX_SETTLE_DELAY_S = 0.1
 
@@ -246,6 +249,11 @@ class Settings:
     scheduler_enabled: bool = True
     disabled_schedules: frozenset[str] = frozenset()
     runners_enabled: Mapping[str, bool] = field(default_factory=dict)
+    dashboard_enabled: bool = False
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int = DEFAULT_DASHBOARD_PORT
+    dashboard_token: str | None = field(default=None, repr=False)
+    dashboard_read_only: bool = False
 
     @property
     def embedded(self) -> bool:
@@ -475,6 +483,7 @@ def parse_settings(
         scheduler_enabled=scheduler_enabled,
         disabled_schedules=disabled_schedules,
         runners_enabled=runners_enabled,
+        **_dashboard_variables(r),
     )
     # A process of runners (or schedules) alone consumes no queue: that is a deployment, not
     # a mistake. Only a process with nothing at all to run is refused.
@@ -492,6 +501,33 @@ def parse_settings(
     if r.problems:
         raise SettingsError(r.problems)
     return settings
+
+
+def _dashboard_token(raw: str) -> str:
+    if len(raw) < MIN_DASHBOARD_TOKEN_CHARS or raw != raw.strip():
+        raise ValueError(f"give at least {MIN_DASHBOARD_TOKEN_CHARS} characters without "
+                         "surrounding spaces (the value is not shown)")
+    return raw
+
+
+def _dashboard_variables(r: _Reader) -> dict[str, Any]:
+    """``DASHBOARD_*``: the dashboard this process serves beside its consumers."""
+    enabled = r.get("DASHBOARD_IS_ENABLED", parse_bool, False)
+    if enabled and not _installed("starlette", "jinja2", "uvicorn"):
+        r.problems.append(("DASHBOARD_IS_ENABLED", "the dashboard needs the 'dashboard' extra: "
+                                                   "pip install 'streamq[dashboard]'"))
+    return {
+        "dashboard_enabled": enabled,
+        "dashboard_host": r.get("DASHBOARD_HOST", str.strip, "127.0.0.1"),
+        "dashboard_port": r.get("DASHBOARD_PORT", lambda v: _int(v, 1, 65535),
+                                DEFAULT_DASHBOARD_PORT),
+        "dashboard_token": r.get("DASHBOARD_TOKEN", _dashboard_token, None),
+        "dashboard_read_only": r.get("DASHBOARD_READ_ONLY", parse_bool, False),
+    }
+
+
+def _installed(*modules: str) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
 def _event_loop(r: _Reader) -> EventLoop:

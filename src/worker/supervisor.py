@@ -47,6 +47,7 @@ from streamq.app import App
 from streamq.errors import ConfigurationError
 from worker import launch
 from worker.__main__ import Shutdown, resolve_redis_url, run_loop
+from worker.dashboard import start_dashboard
 from worker.failures import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from worker.fleet import FleetServer, ProcessState, ProcessStatus
 from worker.settings import Settings, worker_overrides
@@ -86,6 +87,7 @@ def supervise(settings: Settings, app: App, env: Mapping[str, str]) -> int:
             child_env=launch.child_env(env, metrics_dir),
             metrics_dir=metrics_dir,
             grace_s=shutdown_grace_s(settings, app),
+            app=app,
         )
         # The supervisor runs no jobs: asyncio's own loop is enough, and its subprocess
         # support takes every Popen option.
@@ -148,6 +150,7 @@ class Supervisor:
         metrics_dir: the multiprocess directory the processes write their metrics to (None
             without prometheus-client).
         grace_s: how long processes may take to stop gracefully before they are killed.
+        app: the app, for the dashboard the supervisor serves (``DASHBOARD_IS_ENABLED``).
     """
 
     def __init__(
@@ -157,8 +160,10 @@ class Supervisor:
         child_env: Mapping[str, str],
         metrics_dir: Path | None,
         grace_s: float,
+        app: App | None = None,
     ) -> None:
         self.settings = settings
+        self.app = app if app is not None else App()
         self.child_env = dict(child_env)
         self.metrics_dir = metrics_dir
         self.grace_s = grace_s
@@ -185,11 +190,14 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         server = None
+        dashboard = None
         try:
-            if self.settings.redis_url is None:
+            url = self.settings.redis_url
+            if url is None:
                 # Start the embedded Redis once, here, rather than race N processes to it.
-                await asyncio.to_thread(resolve_redis_url, self.settings)
+                url = await asyncio.to_thread(resolve_redis_url, self.settings)
             server = await self._serve()
+            dashboard = await start_dashboard(self.settings, self.app, url)
             _log.info("starting worker processes",
                       extra={"processes": len(self.children),
                              "event_loop": self.settings.event_loop,
@@ -206,6 +214,8 @@ class Supervisor:
             await self._stop.wait()
             await self._wait_stopped(keepers)
         finally:
+            if dashboard is not None:
+                await dashboard.close()
             if server is not None:
                 await server.close()
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -75,6 +75,16 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("SCHEDULER_IS_ENABLED", "bool", "true",
              "run the app's schedules in this process (each where its queue is consumed); "
              "false enqueues none of them here"),
+    Variable("DASHBOARD_IS_ENABLED", "bool", "false",
+             "serve the web dashboard (the dashboard extra) from this process, on a port of "
+             "its own; with WORKER_PROCESSES > 1 the supervisor serves it"),
+    Variable("DASHBOARD_HOST", "address", "127.0.0.1", "address the dashboard binds"),
+    Variable("DASHBOARD_PORT", "int 1..65535", "8081", "port of the dashboard"),
+    Variable("DASHBOARD_TOKEN", "string, 16+ characters", "unset: actions off",
+             "the token the dashboard's retry, purge, pause and resume require; without it "
+             "they are off"),
+    Variable("DASHBOARD_READ_ONLY", "bool", "false",
+             "show no action and refuse every state-changing request, token or not"),
     Variable("STREAMQ_DATA_DIR", "path", ".streamq",
              "data directory of the embedded Redis (only without REDIS_URL)"),
     Variable("STREAMQ_EMBEDDED_PORT", "int 1..65535", "6390",
