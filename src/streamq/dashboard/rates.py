@@ -19,7 +19,6 @@ counter that went down (a stream deleted and re-created) starts the window afres
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -32,6 +31,7 @@ from redis.exceptions import ResponseError
 from streamq.contracts import Lane
 from streamq.deadletters import Cmds, Steps, cmd, drive, text
 from streamq.keys import QueueKeys
+from streamq.runtime.worker import stop_tasks
 
 __all__ = ["Counters", "RateSampler", "Rates"]
 
@@ -127,9 +127,8 @@ class RateSampler:
     async def close(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            # One cancel() can be swallowed by a Redis call (see stop_tasks).
+            await stop_tasks([task])
 
     async def _loop(self) -> None:
         while True:
