@@ -30,7 +30,7 @@ SECURITY_HEADERS = {
     ),
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",  # "no-referrer" would make the Origin of our own forms "null"
     "cache-control": "no-store",
 }
 """Sent with every page: no framing, no inline script, nothing cached."""
