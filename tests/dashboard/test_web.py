@@ -338,3 +338,25 @@ async def test_rates_are_sampled_from_redis_counters(prefix: str, aredis: aiored
     assert (rates.in_per_min, rates.out_per_min, rates.dead_per_min) == (12.0, 2.0, 0.0)
     assert rates.window_s == 30.0
 
+
+
+async def test_mounted_under_a_path_its_links_and_actions_keep_that_path(
+    prefix: str, aredis: aioredis.Redis
+) -> None:
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    dash = create_dashboard_app(CONTRACTS, aredis, prefix=prefix, token=TOKEN)
+    outer = Starlette(routes=[Mount("/ops/queues", dash)])
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=outer),
+                                     base_url="http://host.test") as http:
+            page = await http.get("/ops/queues/")
+            done = await http.post("/ops/queues/queues/solo/pause", data={"token": TOKEN})
+    finally:
+        await dash.state.dashboard.sampler.close()
+    assert 'href="http://host.test/ops/queues/queues/adm"' in page.text
+    assert 'src="http://host.test/ops/queues/static/dashboard.js"' in page.text
+    assert done.headers["location"] == "http://host.test/ops/queues/queues/solo?done=paused"
+    assert await QueueAdmin(aredis, Solo, prefix=prefix).is_paused()
