@@ -41,6 +41,7 @@ if CHROMIUM is None or CHROMEDRIVER is None:
     )
 
 from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -109,13 +110,34 @@ def shot(driver: WebDriver, name: str) -> None:
 
 
 def until(driver: WebDriver, condition: Callable[[WebDriver], Any], what: str) -> Any:
-    return WebDriverWait(driver, WAIT_S).until(condition, f"timed out waiting for {what}")
+    # Live refresh replaces parts of the page: an element found a moment ago may be gone.
+    wait = WebDriverWait(driver, WAIT_S, ignored_exceptions=[StaleElementReferenceException])
+    return wait.until(condition, f"timed out waiting for {what}")
 
 
 def row(driver: WebDriver, attr: str, value: str) -> dict[str, str]:
-    tr = driver.find_element(By.CSS_SELECTOR, f'tr[{attr}="{value}"]')
-    return {td.get_attribute("data-field") or "": td.text
-            for td in tr.find_elements(By.CSS_SELECTOR, "td[data-field]")}
+    """The cells of one table row, read in one script: live refresh may replace the row
+    between two WebDriver calls."""
+    script = """
+        const tr = document.querySelector(`tr[${arguments[0]}="${arguments[1]}"]`);
+        if (!tr) { return null; }
+        const out = {};
+        tr.querySelectorAll("td[data-field]").forEach(
+            td => { out[td.getAttribute("data-field")] = td.innerText.trim(); });
+        return out;
+    """
+
+    def read(d: WebDriver) -> list[dict[str, str]] | None:
+        cells = d.execute_script(script, attr, value)
+        return None if cells is None else [cells]
+
+    found: list[dict[str, str]] = until(driver, read, f"the row {attr}={value}")
+    return found[0]
+
+
+def text_of(driver: WebDriver, element_id: str) -> str:
+    return until(driver, lambda d: d.find_element(By.ID, element_id).text,  # type: ignore[no-any-return]
+                 f"#{element_id}")
 
 
 def type_token(driver: WebDriver, token: str) -> None:
@@ -195,7 +217,7 @@ def test_a_dead_letter_is_shown_redacted_and_retried_through_the_browser(
     wait_for(lambda: sum(int(r.xlen(k)) for k in dead) == 1, WAIT_S, "the job to die")
 
     browser.get(worker + "/queues/pay/dead")
-    assert row(browser, "data-ref", _ref(r, mprefix)) is not None
+    assert browser.find_elements(By.CSS_SELECTOR, f'tr[data-ref="{_ref(r, mprefix)}"]')
     shot(browser, "dead-letters")
     browser.find_element(By.CSS_SELECTOR, 'tr[data-ref] td a').click()
     payload = until(browser, lambda d: d.find_element(By.ID, "payload"), "the dead letter").text
@@ -227,14 +249,14 @@ def test_pause_and_resume_through_the_browser(
     browser.find_element(By.ID, "pause-button").click()
     until(browser, lambda d: d.find_elements(By.ID, "notice"), "the pause notice")
     assert r.hget(meta, "paused") == b"1"
-    assert browser.find_element(By.ID, "paused-badge").text == "paused"
+    assert text_of(browser, "paused-badge") == "paused"
 
     # The page remembered the token for this tab: resume needs no typing.
     assert browser.find_element(By.NAME, "token").get_attribute("value") == TOKEN
     browser.find_element(By.ID, "resume-button").click()
     until(browser, lambda d: "Resumed pay." in d.find_element(By.ID, "notice").text, "resume")
     assert r.hget(meta, "paused") is None
-    assert not browser.find_elements(By.ID, "paused-badge")
+    until(browser, lambda d: not d.find_elements(By.ID, "paused-badge"), "the badge to go")
 
 
 def test_a_wrong_token_is_refused_and_changes_nothing(
@@ -256,7 +278,7 @@ def test_a_read_only_dashboard_shows_no_action_refuses_posts_and_refreshes_live(
         proc = subprocess.Popen(
             [sys.executable, "-m", "streamq", "dashboard", "--contracts",
              "tests.dashboard.dash_app:app", "--redis-url", redis_server.url, "--prefix",
-             mprefix, "--port", "0", "--read-only", "--refresh", "0.3"],
+             mprefix, "--port", "0", "--read-only", "--refresh", "1"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
             env={**clean_env(), "STREAMQ_DASHBOARD_TOKEN": TOKEN},
         )
