@@ -360,3 +360,22 @@ async def test_mounted_under_a_path_its_links_and_actions_keep_that_path(
     assert 'src="http://host.test/ops/queues/static/dashboard.js"' in page.text
     assert done.headers["location"] == "http://host.test/ops/queues/queues/solo?done=paused"
     assert await QueueAdmin(aredis, Solo, prefix=prefix).is_paused()
+
+
+async def test_pages_answer_503_naming_redis_when_it_is_unreachable() -> None:
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    from streamq.testing import free_port
+
+    # No retries: redis-py's default backoff would only make this test slow.
+    down = aioredis.Redis(port=free_port(), socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
+    try:
+        async with dashboard(CONTRACTS, down, "t0") as http:
+            page = await http.get("/")
+            api = await http.get("/api/queues")
+            dead = await http.get("/queues/adm/dead")
+    finally:
+        await down.aclose()
+    assert [page.status_code, api.status_code, dead.status_code] == [503, 503, 503]
+    assert "Redis is unreachable" in api.json()["error"]

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import jinja2
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -24,6 +25,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from streamq._redis import map_error
 from streamq.contracts import Lane
 from streamq.dashboard import data
 from streamq.dashboard.rates import Rates, RateSampler
@@ -191,6 +193,9 @@ def _page(dash: Dashboard, handler: Callable[[Dashboard, Request], Awaitable[Res
             return dash.error(request, 503, f"Redis is unreachable: {exc}")
         except StreamqError as exc:
             return dash.error(request, 503, f"Redis failed: {exc}")
+        except (RedisError, OSError) as exc:  # a call made outside the admin classes
+            mapped = map_error(exc)
+            return dash.error(request, 503, str(mapped or f"Redis failed: {exc}"))
 
     return endpoint
 
