@@ -9,9 +9,7 @@ seconds, and remembers the token typed in an action form for the browser tab.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -28,6 +26,7 @@ from starlette.templating import Jinja2Templates
 from streamq._redis import map_error
 from streamq.contracts import Lane
 from streamq.dashboard import data
+from streamq.dashboard import formatting as fmt
 from streamq.dashboard.rates import Rates, RateSampler
 from streamq.dashboard.security import SECURITY_HEADERS, TOKEN_HEADER, Access
 from streamq.errors import ConfigurationError, RedisUnavailable, StreamqError
@@ -65,7 +64,7 @@ class Dashboard:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
-        env.filters.update(age=_age, when=_when, rate=_rate, pretty=_pretty)
+        env.filters.update(age=fmt.age, when=fmt.when, rate=fmt.rate, pretty=fmt.pretty)
         env.globals["confirm_query"] = confirm_query
         self.templates = Jinja2Templates(env=env)
 
@@ -96,40 +95,6 @@ class Dashboard:
 
     def lane(self, request: Request) -> Lane:
         return self.src.lane(request.path_params["queue"])
-
-
-# -- formatting --------------------------------------------------------------------------------
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 1:
-        return "0s" if seconds <= 0 else "<1s"
-    s = int(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-
-
-def _when(value: int | datetime | None) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, int):
-        value = datetime.fromtimestamp(value / 1000, tz=UTC)
-    return value.strftime("%Y-%m-%d %H:%M:%S %Z")
-
-
-def _rate(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.0f}" if value >= 10 else f"{value:.1f}"
-
-
-def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, default=str)
 
 
 def _wants_json(request: Request) -> bool:
