@@ -379,3 +379,19 @@ async def test_pages_answer_503_naming_redis_when_it_is_unreachable() -> None:
         await down.aclose()
     assert [page.status_code, api.status_code, dead.status_code] == [503, 503, 503]
     assert "Redis is unreachable" in api.json()["error"]
+
+
+async def test_past_the_counting_limit_reasons_are_offered_without_counts(
+    redis_url: str, prefix: str, aredis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamq.dashboard import web
+
+    await make_dead_with_worker(redis_url, prefix, aredis,
+                                [(1, "permanent", 0), (2, "error", 1), (3, "error", 0)])
+    monkeypatch.setattr(web, "MAX_COUNTED", 2)
+    async with dashboard(CONTRACTS, aredis, prefix) as http:
+        html = (await http.get("/queues/adm/dead")).text
+    assert ">all (3)<" in html
+    assert '<option value="error">error</option>' in html
+    assert "(2)" not in html
+    assert len(re.findall(r'<tr data-ref="', html)) == 3

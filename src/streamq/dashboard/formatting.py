@@ -24,7 +24,7 @@ def age(seconds: float | None) -> str:
 
 
 def when(value: int | datetime | None) -> str:
-    """A time (ms since the epoch, or a datetime) as ``YYYY-MM-DD HH:MM:SS UTC``."""
+    """ms since the epoch as ``YYYY-MM-DD HH:MM:SS UTC``; a datetime in its own zone."""
     if value is None:
         return "-"
     if isinstance(value, int):
