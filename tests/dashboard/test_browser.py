@@ -227,6 +227,13 @@ def test_a_dead_letter_is_shown_redacted_and_retried_through_the_browser(
     assert "SECRET" not in browser.page_source
     shot(browser, "dead-letter")
 
+    search = browser.find_element(By.CSS_SELECTOR, "form.lookup input[name=id]")
+    search.send_keys("order-1")
+    search.submit()
+    state = until(browser, lambda d: d.find_element(By.ID, "job-state"), "the lookup").text
+    assert state == "Job order-1 is dead: 1 dead letter(s)."
+    browser.find_element(By.CSS_SELECTOR, "#job-dead-letters a").click()
+
     r.set(f"{mprefix}:healed", "1")  # the card processor is back: a retry will succeed
     browser.find_element(By.ID, "retry-one").click()
     until(browser, lambda d: d.find_elements(By.ID, "confirm-form"), "the confirmation page")
@@ -238,6 +245,9 @@ def test_a_dead_letter_is_shown_redacted_and_retried_through_the_browser(
     assert notice == "Re-enqueued 1 job(s) of pay from its dead letters."
     wait_for(lambda: r.sismember(f"{mprefix}:done", "order-1"), WAIT_S, "the retried job to run")
     assert sum(int(r.xlen(k)) for k in dead) == 0
+    browser.get(worker + "/jobs?id=order-1")
+    assert text_of(browser, "job-state").startswith(
+        "Not found: no job order-1 in the dead letters of 2 queue(s).")
 
 
 def test_pause_and_resume_through_the_browser(
