@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from streamq.deadletters import DEFAULT_PREFIX
 from streamq.errors import ConfigurationError
+from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -51,7 +51,7 @@ def create_app(
     token: str | None = None,
     read_only: bool = False,
     prefix: str = DEFAULT_PREFIX,
-    group: str = "streamq",
+    group: str = DEFAULT_GROUP,
     refresh_s: float = DEFAULT_REFRESH_S,
     rate_window_s: float = DEFAULT_RATE_WINDOW_S,
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,

@@ -3,9 +3,9 @@
 Every figure comes from the modules that own it, so the dashboard can never disagree with the
 ``streamq`` command or with ``/metrics``:
 
-* depth (ready, in flight, delayed, dead per shard) and the paused flag from
-  :class:`~streamq.admin.QueueAdmin`; consumers from :meth:`QueueAdmin.consumers`;
-* the oldest ready job's age from :func:`streamq.health.oldest_ready_ages`, on the Redis clock;
+* depth (ready, in flight, delayed, dead and the oldest ready job's age per shard) and the
+  paused flag from :class:`~streamq.admin.QueueAdmin`; consumers from
+  :meth:`QueueAdmin.consumers`;
 * dead letters from :class:`~streamq.deadletters.DeadLetters`, payloads already redacted of
   the contract's ``secret_fields``;
 * schedules from :class:`~streamq.schedules.Schedules`; runner leases from their lease hash
@@ -21,24 +21,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamq.admin import ConsumerInfo, QueueAdmin, QueueDepth
+from streamq.admin import ConsumerInfo, QueueAdmin
 from streamq.app import App
 from streamq.contracts import ContractSet, Lane, QueueContract
-from streamq.deadletters import (
-    DEFAULT_PREFIX,
-    Cmds,
-    DeadLetter,
-    DeadLetters,
-    Steps,
-    cmd,
-    decode_dead,
-    drive,
-    is_cluster,
-    text,
-)
+from streamq.deadletters import DeadLetter, DeadLetters, decode_dead
+from streamq.driver import Cmds, Steps, cmd, drive, text
 from streamq.errors import ConfigurationError, ContractError
-from streamq.health import group_info, oldest_ready_ages
-from streamq.keys import QueueKeys, RunnerKeys
+from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX, QueueKeys, RunnerKeys
 from streamq.schedules import ScheduleInfo, Schedules
 
 __all__ = [
@@ -56,7 +45,6 @@ __all__ = [
     "read_schedules",
 ]
 
-DEFAULT_GROUP = "streamq"
 MAX_JOB_ID_CHARS = 256
 _JOB_ID_RE = re.compile(r"^[\x21-\x7e]+$")
 
@@ -204,47 +192,16 @@ class LaneView:
 
 
 async def read_lane(src: Source, lane: Lane) -> LaneView:
-    """Depth, paused flag and oldest ready ages of ``lane``."""
+    """Depth (with each shard's oldest ready age, on the Redis clock) and paused flag of
+    ``lane``, as :meth:`QueueAdmin.depth` and :meth:`QueueAdmin.is_paused` read them."""
     admin = src.admin(lane)
     depth = await admin.depth()
     paused = await admin.is_paused()
-    ages = await _ready_ages(src, lane, depth)
     shards = tuple(
-        ShardView(s.shard, s.ready, s.in_flight, s.delayed, s.dead, ages.get(i, 0.0))
-        for i, s in enumerate(depth.shards)
+        ShardView(s.shard, s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s)
+        for s in depth.shards
     )
     return LaneView(lane.name, lane.contract.queue_name, lane.secondary, paused, shards)
-
-
-async def _ready_ages(src: Source, lane: Lane, depth: QueueDepth) -> dict[int, float]:
-    keys = QueueKeys(src.prefix, lane.name, lane.shards).shards
-    with_ready = [keys[i] for i, s in enumerate(depth.shards) if s.ready]
-    if not with_ready:
-        return {}
-
-    def steps() -> Steps[list[Any]]:
-        reply = yield Cmds(
-            [cmd("xinfo_groups", s.stream) for s in with_ready], raise_on_error=False
-        )
-        return reply
-
-    groups = await drive(src.client, lane.name, steps())
-    pairs = [
-        (s, group_info(g, src.group))
-        for s, g in zip(with_ready, groups, strict=True)
-        if not isinstance(g, Exception)
-    ]
-    now_ms = await _server_ms(src.client, with_ready[0].stream)
-    return await oldest_ready_ages(src.client, pairs, lambda: now_ms)
-
-
-async def _server_ms(client: Any, key: str) -> int:
-    """The Redis clock, ms: of ``key``'s node on a cluster."""
-    if is_cluster(client):
-        sec, usec = await client.time(target_nodes=client.get_node_from_key(key))
-    else:
-        sec, usec = await client.time()
-    return int(sec) * 1000 + int(usec) // 1000
 
 
 async def read_consumers(src: Source, lane: Lane) -> list[ConsumerInfo]:

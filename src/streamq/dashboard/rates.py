@@ -29,7 +29,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from streamq.contracts import Lane
-from streamq.deadletters import Cmds, Steps, cmd, drive, text
+from streamq.driver import Cmds, Steps, cmd, drive, text
 from streamq.keys import QueueKeys
 from streamq.runtime.worker import stop_tasks
 
