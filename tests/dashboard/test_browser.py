@@ -247,7 +247,7 @@ def test_a_dead_letter_is_shown_redacted_and_retried_through_the_browser(
     assert sum(int(r.xlen(k)) for k in dead) == 0
     browser.get(worker + "/jobs?id=order-1")
     assert text_of(browser, "job-state").startswith(
-        "Not found: no job order-1 in the dead letters of 2 queue(s).")
+        "Not found: no job order-1 in the tracked jobs and the dead letters of 2 queue(s).")
 
 
 def test_pause_and_resume_through_the_browser(

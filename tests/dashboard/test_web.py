@@ -395,3 +395,23 @@ async def test_past_the_counting_limit_reasons_are_offered_without_counts(
     assert '<option value="error">error</option>' in html
     assert "(2)" not in html
     assert len(re.findall(r'<tr data-ref="', html)) == 3
+
+
+async def test_job_lookup_shows_a_tracked_jobs_status(
+    redis_url: str, prefix: str, aredis: aioredis.Redis
+) -> None:
+    await Queue(Solo, aredis, prefix=prefix).add(Solo.task, Task(n=1), job_id="later-1",
+                                                 track=True, delay=600)
+    q = Queue(Adm, aredis, prefix=prefix)
+    await q.add(Adm.task, Task(n=2), job_id="done-2", track=True, keep_result=600)
+    async with running_worker(redis_url, prefix) as h:
+        await h.manager.run_until_idle(10)
+    src = Source.of(CONTRACTS, aredis, prefix=prefix)
+    later, done = await find_job(src, "later-1"), await find_job(src, "done-2")
+    assert (later.state, later.status and later.status.queue) == ("delayed", "solo")
+    assert done.state == "completed"
+    assert done.dead_letters == ()
+    async with dashboard(CONTRACTS, aredis, prefix) as http:
+        html = (await http.get("/jobs", params={"id": "later-1"})).text
+    assert "is <strong>delayed</strong>" in html
+    assert re.search(r"<dt>due</dt><dd>\d{4}-\d\d-\d\d ", html)

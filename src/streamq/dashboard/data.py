@@ -11,7 +11,7 @@ Every figure comes from the modules that own it, so the dashboard can never disa
 * schedules from :class:`~streamq.schedules.Schedules`; runner leases from their lease hash
   (:mod:`streamq.lease`).
 
-Job lookup is :func:`find_job`, the one function to change when a per-job status API exists.
+Job lookup is :func:`find_job`: a tracked job's status, and the dead letters of any job.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from streamq.contracts import ContractSet, Lane, QueueContract
 from streamq.deadletters import DeadLetter, DeadLetters, decode_dead
 from streamq.driver import Cmds, Steps, cmd, drive, text
 from streamq.errors import ConfigurationError, ContractError
+from streamq.jobstatus import JobStatus
 from streamq.keys import DEFAULT_GROUP, DEFAULT_PREFIX, QueueKeys, RunnerKeys
 from streamq.schedules import ScheduleInfo, Schedules
 
@@ -241,13 +242,17 @@ class JobLookup:
 
     Attributes:
         job_id: the id looked up.
-        state: ``dead`` (dead letters hold it) or ``not_found``.
+        state: the tracked job's state (``waiting``, ``delayed``, ``active``, ``retrying``,
+            ``completed``, ``cancelled``, ``dead``); for an untracked job ``dead`` when dead
+            letters hold it, else ``not_found``.
+        status: the tracked job's status (None when the job is not tracked, or forgotten).
         dead_letters: its dead letters, newest first, payloads redacted.
-        searched: what was searched, said to the reader ("the dead letters of 3 queues").
+        searched: what was searched, said to the reader.
     """
 
     job_id: str
     state: str
+    status: JobStatus | None = None
     dead_letters: tuple[DeadLetter, ...] = field(default=())
     searched: str = ""
 
@@ -269,19 +274,21 @@ def check_job_id(job_id: str) -> str:
 
 
 async def find_job(src: Source, job_id: str) -> JobLookup:
-    """Look a job up by id.
-
-    Only dead letters record a job's id once it is out of the stream, so this searches the
-    dead letters of every queue. This is the one function to change when a per-job status
-    call exists: return its state (ready, delayed, running, completed...) and keep
-    ``dead_letters`` for the retry and purge links.
+    """Look a job up by id: its status when it is tracked (``QueueAdmin.status``, one
+    pipelined round trip per queue), and its dead letters, which also name untracked jobs
+    (and carry the retry and purge links).
 
     Raises:
         ConfigurationError: ``job_id`` is empty, too long or has spaces (names the field).
     """
     job_id = check_job_id(job_id)
+    status: JobStatus | None = None
     found: list[DeadLetter] = []
     for lane in src.lanes():
+        if status is None:
+            got = await src.admin(lane).status(job_id)
+            if got.state != "unknown":
+                status = got
         dead = src.dead(lane)
         secret = lane.contract.secret_fields
 
@@ -294,8 +301,9 @@ async def find_job(src: Source, job_id: str) -> JobLookup:
 
         await drive(src.client, lane.name, steps())
     found.sort(key=lambda d: d.failed_at_ms, reverse=True)
-    searched = f"the dead letters of {len(src.lanes())} queue(s)"
-    return JobLookup(job_id, "dead" if found else "not_found", tuple(found), searched)
+    state = status.state if status is not None else "dead" if found else "not_found"
+    searched = (f"the tracked jobs and the dead letters of {len(src.lanes())} queue(s)")
+    return JobLookup(job_id, state, status, tuple(found), searched)
 
 
 # -- schedules and runners ---------------------------------------------------------------------
