@@ -11,7 +11,8 @@ producer    :class:`~streamq.Queue` / :class:`~streamq.SyncQueue`: ``add``, dela
 worker      :class:`~streamq.WorkerManager` / ``python -m worker``: reading, settling, retries,
             dead letters, reclaim, promotion, renewal, heartbeats, health, schedules, runners
 operator    the ``streamq`` CLI, :class:`~streamq.QueueAdmin`, :class:`~streamq.DeadLetters`,
-            :class:`~streamq.Schedules`: depth, consumers, pause/resume, dead letters
+            :class:`~streamq.Schedules`, the web dashboard: depth, consumers, pause/resume,
+            dead letters
 ==========  ================================================================================
 
 The rules are data (:data:`ROLE_COMMANDS`), so the documentation, the tests and the check a
@@ -82,6 +83,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "xgroup|delconsumer": (_K, "g", "c"),
     "xinfo|groups": (_K,),
     "xinfo|consumers": (_K, "g"),
+    "xinfo|stream": (_K,),
     "xpending": (_K, "g"),
     "xack": (_K, "g", "0-1"),
     "xdel": (_K, "0-1"),
@@ -160,6 +162,7 @@ _OPERATOR = _TENANT_FLAG | _JOB_CONTROL | frozenset({
     "xtrim", "xadd",
     "zcard", "zscore",
     "hset", "hget", "hmget", "hdel", "hgetall",
+    "xinfo|stream", "pttl",  # the web dashboard: job rates, singleton runners' leases
 })
 
 CLUSTER_COMMANDS = frozenset({"cluster|slots", "command"})

@@ -46,16 +46,11 @@ async def start_dashboard(settings: Settings, app: App[Any], redis_url: str) -> 
     """
     if not settings.dashboard_enabled:
         return None
-    import redis.asyncio as aioredis
-
     from streamq.dashboard import create_app
     from streamq.dashboard.serve import DashboardServer
+    from streamq.tls import connect
 
-    client: Any = (
-        aioredis.RedisCluster.from_url(redis_url)
-        if settings.redis_cluster
-        else aioredis.Redis.from_url(redis_url)
-    )
+    client: Any = connect(redis_url, tls=settings.redis_tls, cluster=settings.redis_cluster)
     web = create_app(app, client, token=settings.dashboard_token,
                      read_only=settings.dashboard_read_only, prefix=settings.redis_prefix,
                      group=settings.worker_group)

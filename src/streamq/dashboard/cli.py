@@ -52,6 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the application's contracts or app, e.g. myapp.worker:app")
     p.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL)")
     p.add_argument("--cluster", action="store_true", help="connect to a Redis Cluster")
+    p.add_argument("--tls-ca-file", metavar="PEM",
+                   help="CA bundle for rediss:// (default: $REDIS_TLS_CA_FILE)")
+    p.add_argument("--tls-cert-file", metavar="PEM",
+                   help="client certificate for mutual TLS (default: $REDIS_TLS_CERT_FILE)")
+    p.add_argument("--tls-key-file", metavar="PEM",
+                   help="its private key (default: $REDIS_TLS_KEY_FILE)")
+    p.add_argument("--tls-no-verify", action="store_true",
+                   help="do not verify the server's certificate (default: $REDIS_TLS_VERIFY)")
     p.add_argument("--prefix", default="streamq", help="key prefix (default: streamq)")
     p.add_argument("--group", default="streamq", help="consumer group (default: streamq)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
@@ -98,16 +106,17 @@ def _load(spec: str) -> Any:
 
 async def serve(args: argparse.Namespace, url: str, token: str | None) -> None:
     """Connect, then serve until SIGINT or SIGTERM."""
-    import redis.asyncio as aioredis
     import uvicorn
 
-    from streamq.cli import masked
+    from streamq.cli import UsageError, masked, tls_of
     from streamq.dashboard import create_app
+    from streamq.tls import connect
 
     contracts = _load(args.contracts)
     try:
-        client: Any = (aioredis.RedisCluster.from_url(url) if args.cluster
-                       else aioredis.Redis.from_url(url))
+        client: Any = connect(url, tls=tls_of(args), cluster=args.cluster)
+    except UsageError as exc:
+        raise ConfigurationError(str(exc)) from exc
     except ValueError as exc:
         raise ConfigurationError(f"invalid Redis URL {masked(url)!r}: {exc}") from exc
     try:
