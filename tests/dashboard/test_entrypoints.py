@@ -86,7 +86,7 @@ def test_streamq_dashboard_refuses_bad_contracts_and_a_taken_port(
 ) -> None:
     assert streamq_main(["dashboard", "--contracts", "no_such_module:X",
                          "--redis-url", redis_url]) == 2
-    assert "cannot import contracts module 'no_such_module'" in capsys.readouterr().err
+    assert "--contracts: cannot import 'no_such_module'" in capsys.readouterr().err
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -105,4 +105,18 @@ def test_streamq_dashboard_exits_1_when_redis_is_unreachable(
     url = f"redis://127.0.0.1:{free_port()}/0"
     assert streamq_main(["dashboard", "--contracts", "tests.dashboard.dash_app:app",
                          "--redis-url", url]) == 1
+    assert "cannot reach Redis" in capsys.readouterr().err
+
+
+def test_streamq_dashboard_takes_the_contracts_from_the_environment_like_streamq(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing there: loading comes first
+    env = {"REDIS_URL": url, "STREAMQ_CONTRACTS": "no_such_module:CONTRACTS"}
+    assert streamq_main(["dashboard"], env) == 2
+    assert "STREAMQ_CONTRACTS: cannot import 'no_such_module'" in capsys.readouterr().err
+    assert streamq_main(["dashboard"], {"REDIS_URL": url}) == 2
+    assert "no contracts: pass --contracts" in capsys.readouterr().err
+    env = {"REDIS_URL": url, "WORKER_APP": "tests.dashboard.dash_app:app"}
+    assert streamq_main(["dashboard"], env) == 1  # the app loaded; Redis is not there
     assert "cannot reach Redis" in capsys.readouterr().err

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import importlib
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve the streamq web dashboard: queues, consumers, dead letters, "
         "schedules and runners.",
     )
-    p.add_argument("--contracts", required=True, metavar="MODULE:ATTR",
-                   help="the application's contracts or app, e.g. myapp.worker:app")
+    p.add_argument("--contracts", metavar="MODULE:ATTR",
+                   help="the application's contracts or app, e.g. myapp.worker:app (default: "
+                        "$STREAMQ_CONTRACTS, else $WORKER_APP)")
     p.add_argument("--redis-url", help="Redis URL (default: $REDIS_URL)")
     p.add_argument("--cluster", action="store_true", help="connect to a Redis Cluster")
     p.add_argument("--tls-ca-file", metavar="PEM",
@@ -74,47 +73,57 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _token(args: argparse.Namespace) -> str | None:
+def _token(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
     if args.token_file is not None:
         try:
             return str(args.token_file.read_text()).strip() or None
         except OSError as exc:
             raise ConfigurationError(f"--token-file: cannot read {args.token_file}: {exc}") from exc
-    return args.token or os.environ.get(TOKEN_VARIABLE) or None
+    return args.token or env.get(TOKEN_VARIABLE) or None
 
 
-def _load(spec: str) -> Any:
-    # The App itself when the spec names one (schedules and runners need it), else the
-    # contracts as the admin command loads them.
+def _load(args: argparse.Namespace, env: Mapping[str, str]) -> Any:
+    """The App when ``--contracts`` (else ``STREAMQ_CONTRACTS``, else ``WORKER_APP``) names one
+    (schedules and runners need it), else the contracts as the ``streamq`` command loads them."""
+    from streamq._cli_support import UsageError
     from streamq.app import App
-    from streamq.cli import UsageError, load_contracts
+    from streamq.cli import load_contracts
+    from streamq.errors import LoadError
+    from streamq.loader import load_object
 
-    module_name, _, attr = spec.partition(":")
-    with contextlib.suppress(Exception):
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+    for source, spec in (("--contracts", args.contracts),
+                         ("STREAMQ_CONTRACTS", env.get("STREAMQ_CONTRACTS")),
+                         ("WORKER_APP", env.get("WORKER_APP"))):
+        if not spec or not spec.strip():
+            continue
+        try:
+            obj = load_object(spec.strip())
+        except LoadError as exc:
+            raise ConfigurationError(f"{source}: {exc}") from exc
         if isinstance(obj, App):
             return obj
-    try:
-        return load_contracts(spec)
-    except UsageError as exc:
-        raise ConfigurationError(str(exc)) from exc
+        try:
+            return load_contracts(spec.strip(), source=source)
+        except UsageError as exc:
+            raise ConfigurationError(str(exc)) from exc
+    raise ConfigurationError("no contracts: pass --contracts MODULE:ATTR, or set "
+                             "STREAMQ_CONTRACTS (or WORKER_APP, the worker's app)")
 
 
-async def serve(args: argparse.Namespace, url: str, token: str | None) -> None:
+async def serve(
+    args: argparse.Namespace, url: str, token: str | None, env: Mapping[str, str]
+) -> None:
     """Connect, then serve until SIGINT or SIGTERM."""
     import uvicorn
 
-    from streamq.cli import UsageError, masked, tls_of
+    from streamq._cli_support import UsageError, masked
+    from streamq.cli import tls_of
     from streamq.dashboard import create_app
     from streamq.tls import connect
 
-    contracts = _load(args.contracts)
+    contracts = _load(args, env)
     try:
-        client: Any = connect(url, tls=tls_of(args), cluster=args.cluster)
+        client: Any = connect(url, tls=tls_of(args, env), cluster=args.cluster)
     except UsageError as exc:
         raise ConfigurationError(str(exc)) from exc
     except ValueError as exc:
@@ -154,21 +163,23 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``streamq dashboard``; returns the exit status."""
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run ``streamq dashboard``; returns the exit status. ``env`` (default ``os.environ``)
+    is where ``REDIS_URL``, ``STREAMQ_CONTRACTS`` and the token variable are read."""
+    env = os.environ if env is None else env
     args = build_parser().parse_args(argv)
-    url = args.redis_url or os.environ.get("REDIS_URL")
+    url = args.redis_url or env.get("REDIS_URL")
     try:
         if not url:
             raise ConfigurationError("no Redis URL: pass --redis-url or set REDIS_URL")
-        token = _token(args)
+        token = _token(args, env)
         try:
             import uvicorn  # noqa: F401
         except ImportError as exc:
             raise ConfigurationError(
                 "the dashboard needs the 'dashboard' extra: pip install 'streamq[dashboard]'"
             ) from exc
-        asyncio.run(serve(args, url, token))
+        asyncio.run(serve(args, url, token, env))
     except ConfigurationError as exc:
         print(f"streamq dashboard: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
