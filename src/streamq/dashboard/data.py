@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamq.admin import ConsumerInfo, QueueAdmin
+from streamq.admin import ConsumerInfo, QueueAdmin, QueueDepth
 from streamq.app import App
 from streamq.contracts import ContractSet, Lane, QueueContract
 from streamq.deadletters import DeadLetter, DeadLetters, decode_dead
@@ -35,7 +35,6 @@ __all__ = [
     "JobLookup",
     "LaneView",
     "RunnerView",
-    "ShardView",
     "Source",
     "check_job_id",
     "find_job",
@@ -126,83 +125,53 @@ class Source:
 
 
 @dataclass(frozen=True, slots=True)
-class ShardView:
-    """One shard's counts (see :mod:`streamq.admin`) and its oldest ready job's age."""
-
-    name: str
-    ready: int
-    in_flight: int
-    delayed: int
-    dead: int
-    oldest_ready_age_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
 class LaneView:
-    """One queue lane as the dashboard shows it."""
+    """One queue lane as the dashboard shows it: its depth as :meth:`QueueAdmin.depth` reads
+    it (per shard, the totals, the oldest ready job's age and the paused flag)."""
 
     name: str
     queue: str
     secondary: bool
-    paused: bool
-    shards: tuple[ShardView, ...]
+    depth: QueueDepth
 
-    @property
-    def ready(self) -> int:
-        return sum(s.ready for s in self.shards)
-
-    @property
-    def in_flight(self) -> int:
-        return sum(s.in_flight for s in self.shards)
-
-    @property
-    def delayed(self) -> int:
-        return sum(s.delayed for s in self.shards)
-
-    @property
-    def dead(self) -> int:
-        return sum(s.dead for s in self.shards)
-
-    @property
-    def oldest_ready_age_s(self) -> float:
-        return max((s.oldest_ready_age_s for s in self.shards), default=0.0)
+    def __getattr__(self, name: str) -> Any:
+        # The totals and the paused flag are the depth's own (ready, in_flight, delayed, dead,
+        # oldest_ready_age_s, consumers, shards, paused): the templates read them on the view.
+        if name == "depth":  # not set yet (a copy being built): never recurse
+            raise AttributeError(name)
+        return getattr(self.depth, name)
 
     def to_dict(self) -> dict[str, Any]:
+        d = self.depth
         return {
             "queue": self.name,
             "contract": self.queue,
             "secondary": self.secondary,
-            "paused": self.paused,
-            "ready": self.ready,
-            "in_flight": self.in_flight,
-            "delayed": self.delayed,
-            "dead": self.dead,
-            "oldest_ready_age_s": round(self.oldest_ready_age_s, 3),
+            "paused": d.paused,
+            "ready": d.ready,
+            "in_flight": d.in_flight,
+            "delayed": d.delayed,
+            "dead": d.dead,
+            "oldest_ready_age_s": round(d.oldest_ready_age_s, 3),
             "shards": [
                 {
-                    "shard": s.name,
+                    "shard": s.shard,
                     "ready": s.ready,
                     "in_flight": s.in_flight,
                     "delayed": s.delayed,
                     "dead": s.dead,
                     "oldest_ready_age_s": round(s.oldest_ready_age_s, 3),
                 }
-                for s in self.shards
+                for s in d.shards
             ],
         }
 
 
 async def read_lane(src: Source, lane: Lane) -> LaneView:
     """Depth (with each shard's oldest ready age, on the Redis clock) and paused flag of
-    ``lane``, as :meth:`QueueAdmin.depth` and :meth:`QueueAdmin.is_paused` read them."""
-    admin = src.admin(lane)
-    depth = await admin.depth()
-    paused = await admin.is_paused()
-    shards = tuple(
-        ShardView(s.shard, s.ready, s.in_flight, s.delayed, s.dead, s.oldest_ready_age_s)
-        for s in depth.shards
-    )
-    return LaneView(lane.name, lane.contract.queue_name, lane.secondary, paused, shards)
+    ``lane``, read in one snapshot by :meth:`QueueAdmin.depth`."""
+    depth = await src.admin(lane).depth()
+    return LaneView(lane.name, lane.contract.queue_name, lane.secondary, depth)
 
 
 async def read_consumers(src: Source, lane: Lane) -> list[ConsumerInfo]:
