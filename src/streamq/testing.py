@@ -28,7 +28,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis
 from redis.crc import key_slot
@@ -52,7 +52,36 @@ __all__ = [
     "make_job",
     "run_app_until_idle",
     "start_test_redis",
+    "wait_answering",
 ]
+
+
+def wait_answering(
+    answers: Callable[[], bool],
+    proc: subprocess.Popen[bytes] | None,
+    *,
+    what: str,
+    log: str,
+    timeout_s: float,
+) -> None:
+    """Poll ``answers()`` until it is true (connection and loading errors count as no).
+
+    Raises:
+        RuntimeError: ``proc`` exited first (see ``log``).
+        TimeoutError: ``timeout_s`` went by.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if answers():
+                return
+        except (redis.ConnectionError, redis.BusyLoadingError):
+            pass
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited early; see {log}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not start")
+        time.sleep(0.02)
 
 
 def find_binary(name: str = "redis-server") -> str | None:
@@ -139,21 +168,15 @@ class RedisServer:
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
         client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
         try:
-            while True:
-                try:
-                    # With AOF on, PING answers while the AOF is still loading.
-                    if client.ping() and client.info("persistence").get("loading", 0) == 0:
-                        return
-                except (redis.ConnectionError, redis.BusyLoadingError):
-                    pass
-                if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server exited early; see {self.dir}/redis.log")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"redis-server on port {self.port} did not start")
-                time.sleep(0.02)
+            # With AOF on, PING answers while the AOF is still loading.
+            wait_answering(
+                lambda: bool(client.ping())
+                and client.info("persistence").get("loading", 0) == 0,
+                self.proc, what=f"redis-server on port {self.port}",
+                log=f"{self.dir}/redis.log", timeout_s=timeout_s,
+            )
         finally:
             client.close()
 
@@ -365,19 +388,11 @@ class RedisSentinel:
             [self.binary, self.conf, "--sentinel", "--loglevel", "warning"],
             stdout=log, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout_s
         with redis.Redis(port=self.port, socket_connect_timeout=0.5) as client:
-            while True:
-                try:
-                    if client.ping():
-                        return self
-                except redis.ConnectionError:
-                    pass
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"redis sentinel exited early; see {self.dir}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"redis sentinel on port {self.port} did not start")
-                time.sleep(0.02)
+            wait_answering(lambda: bool(client.ping()), self.proc,
+                           what=f"redis sentinel on port {self.port}", log=self.dir,
+                           timeout_s=timeout_s)
+        return self
 
     def primary_port(self) -> int:
         """The port of the primary this sentinel currently names for its service."""

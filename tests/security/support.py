@@ -6,13 +6,13 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
 
+from streamq.testing import wait_answering
 from tests.support.redis_server import free_port
 
 
@@ -96,21 +96,13 @@ class TLSRedisServer:
         log = open(os.path.join(self.dir, "redis.log"), "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         client = self.admin()
-        deadline = time.monotonic() + timeout_s
         try:
-            while True:
-                try:
-                    if client.ping():
-                        return self
-                except redis.ConnectionError:
-                    pass
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server exited early; see {self.dir}/redis.log")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"TLS redis-server on port {self.port} did not start")
-                time.sleep(0.05)
+            wait_answering(lambda: bool(client.ping()), self.proc,
+                           what=f"TLS redis-server on port {self.port}",
+                           log=f"{self.dir}/redis.log", timeout_s=timeout_s)
         finally:
             client.close()
+        return self
 
     def admin(self) -> redis.Redis:
         """A verified mutual-TLS client (works whatever ``auth_clients`` says)."""
