@@ -320,6 +320,7 @@ class PrometheusHooks(Hooks):
         # the enqueue-failure alert see the first job and the first refused write.
         for name in job_names:
             self._child(self.rejected, queue, name, "redis_error")
+            self._child(self.tenant_routed_total, queue, name)
             for shard in shards:
                 self._child(self.enqueued_total, queue, shard, name, "false")
 
@@ -354,7 +355,8 @@ class PrometheusHooks(Hooks):
             for reason in DEAD_REASONS:
                 self._child(self.dead, queue, shard, reason)
             for name in job_names:
-                for metric in (self.started, self.completed, self.retried):
+                for metric in (self.started, self.completed, self.retried, self.cancelled,
+                               self.tenant_waits):
                     self._child(metric, queue, shard, name)
                 self._child(self.failed, queue, shard, name, "error")
 

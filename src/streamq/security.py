@@ -114,6 +114,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "set": (_K, "v"),
     "del": (_K,),
     "exists": (_K,),
+    "type": (_K,),
     "incr": (_K,),
     "pexpire": (_K, "1000"),
     "pttl": (_K,),
@@ -139,6 +140,7 @@ _PRODUCER = _JOB_CONTROL | frozenset({
     "ping", "time", "evalsha", "script|load",
     "xadd",                      # a ready job without a dedup id: one plain XADD
     "set", "zadd", "hset",       # enqueue.lua: dedup marker, delayed job; the fingerprint
+    "type",                      # enqueue.lua: refuses a key of another type before writing
     "zrange", "hmget",           # tenant_flags.lua: the flagged tenants it routes
     "wait",                      # a durable add: how many replicas have it
 })

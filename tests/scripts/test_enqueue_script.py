@@ -314,3 +314,21 @@ def test_plain_xadd_fast_path_refuses_jobs_that_need_the_script() -> None:
     for needs_script in (item("d", dedup=True), item("l", delay_ms=5)):
         with pytest.raises(ValueError, match="needs the enqueue script"):
             ops.enqueue_ready(sk, needs_script)
+
+
+@pytest.mark.parametrize("which", ["stream", "delayed", "jobs"])
+async def test_a_key_of_another_type_is_refused_before_any_write(
+    aredis: aioredis.Redis, prefix: str, which: str
+) -> None:
+    sk = shard(prefix)
+    await aredis.set(getattr(sk, which), "not a queue key")
+    call = ops.enqueue(sk, [item("d", dedup=True), item("l", delay_ms=60_000)],
+                       dedup_window_ms=60_000)
+    with pytest.raises(Exception, match="WRONGTYPE") as info:
+        await run1(aredis, call)
+    assert f"shard's {which} key" in str(info.value)
+    # Nothing half-written: no dedup marker without its job, no delayed record.
+    assert await aredis.exists(sk.dedup("d")) == 0
+    others = {"stream", "delayed", "jobs"} - {which}
+    for name in others:
+        assert await aredis.exists(getattr(sk, name)) == 0, name

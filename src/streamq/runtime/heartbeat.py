@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamq import ops
-from streamq._redis import run_calls
+from streamq._redis import map_error, run_calls
 from streamq.runtime.context import LaneContext, new_token
 from streamq.runtime.fetch import check_foreign_groups
 from streamq.runtime.renewal import HeldEntries
@@ -73,7 +73,13 @@ class Heartbeat:
                 consumers: list[dict[str, Any]] = await ctx.client.xinfo_consumers(
                     shard.stream, ctx.group
                 )
-            except Exception:
+            except Exception as exc:
+                # No group yet on this shard, or Redis failing: the next beat tries again.
+                # Anything else is a bug: say so loudly (pruning waits, nothing is lost).
+                expected = map_error(exc) is not None or "NOGROUP" in str(exc)
+                _log.log(logging.DEBUG if expected else logging.WARNING,
+                         "cannot list consumers to prune", exc_info=not expected,
+                         extra={"queue": ctx.name, "shard": shard.name, "error": repr(exc)})
                 continue
             for c in consumers:
                 name = c["name"].decode() if isinstance(c["name"], bytes) else str(c["name"])

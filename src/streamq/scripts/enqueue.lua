@@ -18,9 +18,23 @@
 -- (delayed), plus "k": how long its final record is kept (ms). Untracked jobs write nothing
 -- there.
 --
--- Returns: one integer per job: 1 added, 0 skipped because its dedup marker exists.
+-- Returns: one integer per job: 1 added, 0 skipped because its dedup marker exists; a
+-- WRONGTYPE error, before any write, when one of KEYS[1..4] holds another type.
 -- Every write of a job happens in this one call: a job is fully enqueued or not at all.
 local stream, delayed, jobs, tracked = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- A key of the wrong type would fail a write half-way (a dedup marker set, its job not
+-- written): refuse before writing anything.
+for _, t in ipairs({
+  {'stream', redis.call('TYPE', stream)['ok'], 'stream'},
+  {'delayed', redis.call('TYPE', delayed)['ok'], 'zset'},
+  {'jobs', redis.call('TYPE', jobs)['ok'], 'hash'},
+  {'tracked', redis.call('TYPE', tracked)['ok'], 'hash'},
+}) do
+  if t[2] ~= t[3] and t[2] ~= 'none' then
+    return redis.error_reply('WRONGTYPE the shard\'s ' .. t[1] .. ' key holds a ' .. t[2]
+      .. ', not a ' .. t[3])
+  end
+end
 local window = tonumber(ARGV[1])
 local nf = tonumber(ARGV[2])
 local names = {}
