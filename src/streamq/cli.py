@@ -179,10 +179,17 @@ def load_contracts(spec: str, *, source: str = "--contracts") -> ContractSet:
         UsageError: it cannot be loaded, or is not a ContractSet, an App, a QueueContract
             or a list of them; the message names ``source``.
     """
+    return _contracts_of(_load(spec, source), spec, source)
+
+
+def _load(spec: str, source: str) -> Any:
     try:
-        obj = load_object(spec)
+        return load_object(spec)
     except LoadError as exc:
         raise UsageError(f"{source}: {exc}") from exc
+
+
+def _contracts_of(obj: Any, spec: str, source: str) -> ContractSet:
     if isinstance(obj, ContractSet):
         return obj
     if isinstance(obj, App):
@@ -207,9 +214,8 @@ def _contracts_and_app(
         ("WORKER_APP", env.get("WORKER_APP")),
     ):
         if spec and spec.strip():
-            contracts = load_contracts(spec.strip(), source=source)
-            obj = load_object(spec.strip())  # imported already: the same object
-            return contracts, obj if isinstance(obj, App) else None
+            obj = _load(spec.strip(), source)
+            return _contracts_of(obj, spec.strip(), source), obj if isinstance(obj, App) else None
     raise UsageError(
         "no contracts: pass --contracts MODULE:ATTR, or set STREAMQ_CONTRACTS (or WORKER_APP, "
         "the worker's app)"

@@ -21,6 +21,7 @@ import asyncio
 import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import Any, Literal
 
 try:
@@ -156,6 +157,7 @@ def _observe_many(child: Any, acc: list[float]) -> None:
             child._buckets[min(i, len(child._buckets) - 1)].inc(n)
 
 
+@cache
 def _bulk_histograms_work() -> bool:
     """Whether this prometheus-client's histogram children keep the fields
     :func:`_observe_many` writes (checked once, on a throwaway registry)."""

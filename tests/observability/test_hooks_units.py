@@ -100,6 +100,8 @@ def test_each_hook_lands_on_its_series() -> None:
         "streamq_jobs_dead_lettered_total",
         frozenset({("queue", "q"), ("shard", "q"), ("reason", "lost_payload")}),
     ) in s
+    for name in ("streamq_jobs_cancelled_total", "streamq_tenant_cap_waits_total"):
+        assert (name, frozenset({("queue", "q"), ("shard", "q"), ("job", "n")})) in s, name
 
 
 def test_two_instances_never_clash_and_build_hooks_finds_its_parts() -> None:

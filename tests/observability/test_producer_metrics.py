@@ -100,6 +100,8 @@ def test_producer_series_exist_at_zero_before_the_first_add() -> None:
                      reason="redis_error") == 0.0
         assert any(n == "streamq_enqueue_rejected_total" and ("queue", lane) in lbl
                    for n, lbl in samples)
+        assert any(n == "streamq_jobs_routed_by_tenant_flag_total" and ("queue", lane) in lbl
+                   for n, lbl in samples)
 
 
 def test_example_producer_serves_the_enqueued_counter_on_metrics(

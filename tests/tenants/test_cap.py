@@ -184,3 +184,38 @@ def test_malformed_tenant_concurrency_is_refused(bad: Any) -> None:
 
     with pytest.raises(ConfigurationError, match="tenant_concurrency"):
         WorkerOptions(tenant_concurrency=bad)
+
+
+async def test_a_failing_slot_flusher_is_logged_counted_and_its_jobs_answered(
+    aredis: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from streamq.envelope import FIELD_NAMES, decode_entry, encode_fields
+    from streamq.keys import QueueKeys as Keys
+    from streamq.options import WorkerOptions
+    from streamq.runtime.context import LaneContext
+    from streamq.runtime.tenancy import TenantGate
+
+    crashes: list[tuple[str | None, str]] = []
+
+    class Crashes(RecordingHooks):
+        def task_crashed(self, queue: str | None, task: str) -> None:
+            crashes.append((queue, task))
+
+    lane = Tenanted.primary
+    ctx = LaneContext(lane=lane, keys=Keys(prefix, lane.name, lane.shards), group="g",
+                      consumer="c", options=WorkerOptions(tenant_concurrency=1),
+                      hooks=Crashes(), client=aredis)
+    gate = TenantGate(ctx, closing=lambda: False)
+
+    async def broken(*_: Any) -> None:
+        raise RuntimeError("a bug in the flusher")
+
+    gate._send = broken  # type: ignore[method-assign]
+    values = encode_fields(job_id="j", name="work", timestamp_ms=1, payload_json=b"{}")
+    raw = decode_entry(b"1-0", dict(zip(FIELD_NAMES, values, strict=True)))
+    # The job waiting for its slot is answered (refused: it waits and tries again) ...
+    slot = await asyncio.wait_for(gate.enter(ctx.shards[0], raw, Work(project_id="t")), 5)
+    assert slot is None
+    # ... and the failure is said and counted, not left to a lost task.
+    assert crashes == [(lane.name, "tenant-slots")]
+    assert "tenant slot requests failed" in caplog.text

@@ -143,6 +143,11 @@ class TenantGate:
             releases, self._releases = self._releases, {}
             try:
                 await self._send(acquires, releases)
+            except Exception:
+                # Not Redis (_send answers those itself): a bug. Say so; the next request
+                # starts a new flusher, and every job waiting below is answered.
+                _log.exception("tenant slot requests failed", extra={"queue": self.ctx.name})
+                self.ctx.hooks.task_crashed(self.ctx.name, "tenant-slots")
             finally:
                 # Whatever happened, no job waits forever for its answer: unanswered is
                 # refused (the job waits and tries again).
