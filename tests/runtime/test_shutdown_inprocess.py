@@ -197,3 +197,29 @@ async def test_close_is_prompt_when_nothing_runs(managers, aredis, prefix):
     await a.close_workers()
     assert time.monotonic() - t0 < 1
     assert hooks.counts["redis_error"] == 0
+
+
+async def test_pruning_says_why_it_skipped_a_shard_and_goes_on(managers, aredis, prefix, caplog):
+    app = App([Shut])
+
+    @app.processor(Shut, lock_duration=5, stalled_interval=30)
+    async def proc(job: Job[Unit]) -> None: ...
+
+    a = managers(app, consumer_name="alive")
+    await a.start()
+    w = a.get_worker("rt-shutdown")
+    real = w.ctx.client.xinfo_consumers
+
+    async def broken(*args, **kwargs):
+        raise RuntimeError("a bug while listing consumers")
+
+    w.ctx.client.xinfo_consumers = broken
+    try:
+        with caplog.at_level("DEBUG", logger="streamq.worker"):
+            await w.heartbeat.drop_gone({"ghost"}, stale_after_ms=0)
+    finally:
+        w.ctx.client.xinfo_consumers = real
+    skipped = [r for r in caplog.records if r.getMessage() == "cannot list consumers to prune"]
+    assert skipped
+    assert skipped[0].levelname == "WARNING"  # not Redis: a bug, said loudly
+    assert skipped[0].exc_info is not None
